@@ -1,0 +1,38 @@
+# gpupool: two commands for a newcomer on a fresh Debian 12 / Ubuntu 22.04+ machine
+# (as root or with sudo):  make run   and   make test
+VENV ?= .venv
+PYTEST_ARGS ?=
+
+include deploy/cluster.mk
+
+.PHONY: venv services run test test-unit bench clean
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	deploy/local/bootstrap-venv.sh $(VENV)
+	touch $@
+
+# The playbook itself runs from the virtualenv's ansible-core.
+cluster: venv
+
+services:
+	deploy/local/ensure-services.sh
+
+# Local cluster + API on 127.0.0.1:5000 with SQLite; prints a token and a curl.
+run: venv cluster
+	deploy/local/run-demo.sh
+
+# The whole suite against the real local cluster, PostgreSQL and Redis.
+test: venv services cluster
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Pure tests only: no cluster, no database.
+test-unit: venv
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+bench: venv services cluster
+	$(VENV)/bin/python bench/submit.py
+	$(VENV)/bin/python bench/poll.py
+
+clean:
+	rm -rf var build *.egg-info

@@ -1,0 +1,89 @@
+"""The gpupool HTTP API. ``gunicorn 'api:create_app()'`` serves it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+from flask_limiter import Limiter
+from sqlalchemy.orm import sessionmaker
+
+from api.auth import authenticate, rate_limit_key
+from api.context import AppState, InventoryCache, close_db_session
+from api.errors import register_error_handlers
+from api.jobs import jobs_bp, submit_bp
+from api.meta import meta_bp, templates_bp
+from gpupool.config import Settings, load_settings
+from gpupool.db import ensure_migrated, make_engine, make_session_factory
+from gpupool.jobstate import JobStateRefresher
+from gpupool.slurm import SlurmClient
+from gpupool.templates import load_templates
+from gpupool.tokens import verification_key
+
+
+def create_app(
+    config: Settings | Mapping[str, Any] | None = None,
+    *,
+    slurm: SlurmClient | None = None,
+    session_factory: sessionmaker | None = None,
+) -> Flask:
+    """Build the app. ``config`` is Settings, or overrides on top of the environment.
+
+    ``slurm`` and ``session_factory`` are the seams: tests pass a session bound
+    to a rolled-back transaction, benchmarks a Slurm client with counting wrappers.
+    """
+    settings = config if isinstance(config, Settings) else load_settings(overrides=config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    slurm = slurm or SlurmClient(settings)
+    engine = None
+    if session_factory is None:
+        engine = make_engine(settings.database_url)
+        ensure_migrated(engine)
+        session_factory = make_session_factory(engine)
+
+    app = Flask("gpupool")
+    app.config.update(
+        MAX_CONTENT_LENGTH=settings.max_request_bytes,
+        JSON_SORT_KEYS=False,
+    )
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["gpupool"] = AppState(
+        settings=settings,
+        slurm=slurm,
+        engine=engine,
+        session_factory=session_factory,
+        templates=load_templates(settings.templates_dir),
+        refresher=JobStateRefresher(
+            session_factory,
+            slurm,
+            interval_s=settings.refresh_interval_s,
+            submission_grace_s=settings.slurm_submit_timeout_s * 4 + 30,
+        ),
+        inventory=InventoryCache(slurm, settings.cluster_shape_ttl_s),
+        verification_key=verification_key(settings),
+    )
+    register_error_handlers(app)
+    app.teardown_appcontext(close_db_session)
+    # Registered before the limiter's own hook, so limits can key on the caller.
+    app.before_request(authenticate)
+
+    limiter = Limiter(
+        rate_limit_key,
+        app=app,
+        storage_uri=settings.ratelimit_storage_uri,
+        default_limits=[settings.ratelimit_default],
+        headers_enabled=True,
+        swallow_errors=False,
+        in_memory_fallback_enabled=False,
+        strategy="fixed-window",
+        key_prefix="gpupool",
+    )
+    limiter.limit(lambda: settings.ratelimit_submit, override_defaults=False)(submit_bp)
+    limiter.exempt(meta_bp)
+    app.extensions["gpupool_limiter"] = limiter
+
+    for blueprint in (meta_bp, templates_bp, submit_bp, jobs_bp):
+        app.register_blueprint(blueprint)
+    return app

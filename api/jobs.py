@@ -1,0 +1,245 @@
+"""Job resources: submit, list, show, cancel, logs."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import os
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request, url_for
+from pydantic import ValidationError
+from sqlalchemy import and_, or_, select
+
+from api.context import db_session, principal, state
+from api.schemas import JobOut, SubmitRequest
+from api.submission import submit
+from gpupool.db import utcnow
+from gpupool.errors import (
+    BadRequest,
+    CommandFailed,
+    Conflict,
+    NotFound,
+    UnknownFields,
+    UnsupportedMediaType,
+    ValidationFailed,
+)
+from gpupool.models import TERMINAL_STATES, Job
+from gpupool.models.jobs import SUBMITTING
+from gpupool.templates import validation_error_list
+
+submit_bp = Blueprint("submit", __name__)
+jobs_bp = Blueprint("jobs", __name__)
+
+LIST_STATES = frozenset({"PENDING", "RUNNING", *TERMINAL_STATES})
+MAX_PAGE = 200
+MAX_LOG_LINES = 10_000
+_LOG_CHUNK = 64 * 1024
+
+
+def job_view(job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
+    state_word = job.state
+    reason = job.reason
+    if state_word == SUBMITTING:
+        state_word, reason = "PENDING", "Submitting"
+    elapsed = job.elapsed_s
+    if elapsed is None and job.started_at is not None:
+        end = job.ended_at or now or utcnow()
+        elapsed = max(0, int((end - job.started_at).total_seconds()))
+    return JobOut(
+        job_id=job.id,
+        name=job.name,
+        account=job.account,
+        template=job.template,
+        params=job.params,
+        state=state_word,
+        reason=reason if state_word == "PENDING" or reason == "SubmissionLost" else None,
+        slurm_job_id=job.slurm_job_id,
+        gpus=job.gpus,
+        gpu_type=job.gpu_type,
+        cpus=job.cpus,
+        mem_gb=job.mem_gb,
+        time_limit_min=job.time_limit_min,
+        container_image=job.container_image,
+        node=job.node,
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        ended_at=job.ended_at,
+        exit_code=job.exit_code,
+        exit_signal=job.exit_signal,
+        elapsed_s=elapsed,
+    ).model_dump(mode="json")
+
+
+def _json_body() -> dict[str, Any]:
+    if not request.is_json:
+        raise UnsupportedMediaType("send the body as JSON with Content-Type: application/json")
+    body = request.get_json(silent=True)
+    if body is None:
+        raise BadRequest("the body is not valid JSON")
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def _idempotency_key() -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not key or len(key) > 255 or not key.isprintable():
+        raise BadRequest("Idempotency-Key must be 1 to 255 printable characters")
+    return key
+
+
+@submit_bp.post("/submit")
+def submit_job() -> tuple[Response, int, dict[str, str]]:
+    body = _json_body()
+    unknown = set(body) - set(SubmitRequest.model_fields)
+    if unknown:
+        raise UnknownFields(unknown, SubmitRequest.model_fields)
+    try:
+        req = SubmitRequest.model_validate(body)
+    except ValidationError as exc:
+        errors = validation_error_list(exc)
+        raise ValidationFailed(
+            "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
+        ) from exc
+    job, replayed = submit(state(), db_session(), principal(), req, body, _idempotency_key())
+    headers = {"Location": url_for("jobs.get_job", job_id=job.id)}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return jsonify(job_view(job)), 201, headers
+
+
+def _visible_job(job_id: str) -> Job:
+    caller = principal()
+    job = db_session().get(Job, job_id) if len(job_id) <= 36 else None
+    if job is None or (not caller.is_admin and job.account != caller.account):
+        raise NotFound(f"no job {job_id!r} in your account")
+    return job
+
+
+def _refresh_if_unfinished(*jobs: Job) -> None:
+    if any(not job.finished for job in jobs) and state().refresher.maybe_refresh():
+        session = db_session()
+        for job in jobs:
+            session.refresh(job)
+
+
+@jobs_bp.get("/jobs/<job_id>")
+def get_job(job_id: str) -> Response:
+    job = _visible_job(job_id)
+    _refresh_if_unfinished(job)
+    return jsonify(job_view(job))
+
+
+def _encode_cursor(job: Job) -> str:
+    return base64.urlsafe_b64encode(f"{job.created_at.isoformat()}|{job.id}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
+    try:
+        created, _, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
+        return dt.datetime.fromisoformat(created), job_id
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest("cursor is not one this API issued") from exc
+
+
+@jobs_bp.get("/jobs")
+def list_jobs() -> Response:
+    caller = principal()
+    session = db_session()
+    try:
+        limit = int(request.args.get("limit", 50))
+    except ValueError as exc:
+        raise BadRequest("limit must be an integer") from exc
+    if not 1 <= limit <= MAX_PAGE:
+        raise BadRequest(f"limit must be between 1 and {MAX_PAGE}")
+    query = select(Job)
+    account = request.args.get("account")
+    if caller.is_admin and account:
+        query = query.where(Job.account == account)
+    elif not caller.is_admin:
+        query = query.where(Job.account == caller.account)
+    state_filter = request.args.get("state")
+    if state_filter:
+        wanted = {word.strip().upper() for word in state_filter.split(",") if word.strip()}
+        unknown = wanted - LIST_STATES
+        if unknown:
+            raise BadRequest(
+                f"unknown state(s) {', '.join(sorted(unknown))}; use {', '.join(sorted(LIST_STATES))}"
+            )
+        if "PENDING" in wanted:
+            wanted.add(SUBMITTING)
+        # The filter runs after the refresh so it sees current states.
+    cursor = request.args.get("cursor")
+    if cursor:
+        created, job_id = _decode_cursor(cursor)
+        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
+    unfinished_exists = session.scalars(query.where(Job.finished.is_(False)).limit(1)).first()
+    if unfinished_exists is not None and state().refresher.maybe_refresh():
+        session.expire_all()
+    if state_filter:
+        query = query.where(Job.state.in_(wanted))
+    rows = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
+    page, more = rows[:limit], len(rows) > limit
+    now = utcnow()
+    return jsonify(
+        {"jobs": [job_view(job, now) for job in page], "next_cursor": _encode_cursor(page[-1]) if more else None}
+    )
+
+
+@jobs_bp.delete("/jobs/<job_id>")
+def cancel_job(job_id: str) -> tuple[Response, int]:
+    job = _visible_job(job_id)
+    _refresh_if_unfinished(job)
+    if job.finished:
+        raise Conflict(f"job {job.id} has already ended ({job.state})", code="job_finished")
+    if job.slurm_job_id is None:
+        raise Conflict("the job is still being submitted; retry in a few seconds", code="job_submitting")
+    try:
+        state().slurm.cancel(job.slurm_job_id)
+    except CommandFailed as exc:
+        if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
+            raise
+    return jsonify(job_view(job)), 202
+
+
+def _tail_lines(path: str, lines: int) -> bytes:
+    """The last ``lines`` lines of a file, reading backwards in chunks (logs can be huge)."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        position = handle.tell()
+        data = b""
+        while position > 0 and data.count(b"\n") <= lines:
+            step = min(_LOG_CHUNK, position)
+            position -= step
+            handle.seek(position)
+            data = handle.read(step) + data
+    parts = data.split(b"\n")
+    trailing_newline = data.endswith(b"\n")
+    if trailing_newline:
+        parts = parts[:-1]
+    tail = b"\n".join(parts[-lines:])
+    return tail + (b"\n" if trailing_newline and tail else b"")
+
+
+@jobs_bp.get("/jobs/<job_id>/logs")
+def job_logs(job_id: str) -> Response:
+    job = _visible_job(job_id)
+    stream = request.args.get("stream", "stdout")
+    if stream not in ("stdout", "stderr"):
+        raise BadRequest("stream must be stdout or stderr")
+    try:
+        lines = int(request.args.get("tail", 100))
+    except ValueError as exc:
+        raise BadRequest("tail must be an integer") from exc
+    if not 1 <= lines <= MAX_LOG_LINES:
+        raise BadRequest(f"tail must be between 1 and {MAX_LOG_LINES}")
+    path = os.path.join(job.job_dir, f"{stream}.log")
+    try:
+        content = _tail_lines(path, lines)
+    except FileNotFoundError:
+        content = b""  # the job has not started writing yet
+    return Response(content, status=200, mimetype="text/plain", content_type="text/plain; charset=utf-8")

@@ -1,0 +1,65 @@
+"""Service-level resources: health, readiness, templates and the OpenAPI document."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify
+
+from api.context import state
+from api.errors import error_response
+from api.openapi import openapi_document
+from api.schemas import TemplateOut
+from gpupool.db import ping
+from gpupool.errors import ServiceUnavailable
+
+meta_bp = Blueprint("meta", __name__)
+templates_bp = Blueprint("templates", __name__)
+
+
+@meta_bp.get("/healthz")
+def healthz() -> Response:
+    return jsonify({"status": "ok"})
+
+
+@meta_bp.get("/readyz")
+def readyz() -> Response:
+    app = state()
+    checks: dict[str, str] = {}
+    try:
+        if app.engine is not None:
+            ping(app.engine)
+        checks["database"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        checks["database"] = f"unavailable: {type(exc).__name__}"
+    try:
+        app.slurm.ping()
+        checks["slurm"] = "ok"
+    except ServiceUnavailable as exc:
+        checks["slurm"] = f"unavailable: {exc.message}"
+    if all(value == "ok" for value in checks.values()):
+        return jsonify({"status": "ready", "checks": checks})
+    failing = ", ".join(name for name, value in checks.items() if value != "ok")
+    return error_response(503, "not_ready", f"not ready: {failing} not answering", checks=checks)
+
+
+@meta_bp.get("/openapi.json")
+def openapi() -> Response:
+    return jsonify(openapi_document(state().templates))
+
+
+@templates_bp.get("/templates")
+def list_templates() -> Response:
+    return jsonify(
+        {
+            "templates": [
+                TemplateOut(
+                    name=t.name,
+                    description=t.description,
+                    min_gpus=t.min_gpus,
+                    max_gpus=t.max_gpus,
+                    default_gpus=t.default_gpus,
+                    params_schema=t.parameter_schema(),
+                ).model_dump()
+                for t in state().templates.values()
+            ]
+        }
+    )

@@ -1,0 +1,169 @@
+"""Settings, read in exactly one place.
+
+Precedence, lowest first: the defaults below, then the TOML file named by
+``GPUPOOL_CONFIG`` (keys are the field names), then ``GPUPOOL_<FIELD>``
+environment variables. Lists in the environment are comma-separated.
+Relative paths are resolved against the working directory at load time, so a
+running service never changes meaning when something calls ``chdir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpupool.errors import ConfigError
+
+ENV_PREFIX = "GPUPOOL_"
+CONTAINER_RUNTIMES = ("none", "pyxis", "docker")
+_PATH_FIELDS = ("templates_dir", "job_root", "jwt_public_key_file", "jwt_private_key_file")
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = "sqlite:///var/gpupool.db"
+
+    jwt_secret: str = ""
+    jwt_algorithm: str = "HS256"
+    jwt_public_key_file: str = ""
+    jwt_private_key_file: str = ""
+    jwt_audience: str = "gpupool"
+    jwt_default_ttl_s: int = 3600
+
+    ratelimit_storage_uri: str = "memory://"
+    ratelimit_default: str = "1200/minute"
+    ratelimit_submit: str = "60/minute"
+
+    slurm_bin_dir: str = "/usr/bin"
+    slurm_partition: str = "gpu"
+    slurm_user: str = field(default_factory=getpass.getuser)
+    slurm_submit_timeout_s: float = 6.0
+    slurm_query_timeout_s: float = 4.0
+    refresh_interval_s: float = 5.0
+    cluster_shape_ttl_s: float = 60.0
+
+    templates_dir: str = "slurm_templates"
+    job_root: str = "var/jobs"
+    job_path: str = "/usr/local/bin:/usr/bin:/bin"
+    container_runtime: str = "none"
+    container_allowlist: tuple[str, ...] = ()
+    container_mounts: tuple[str, ...] = ()
+
+    max_request_bytes: int = 256 * 1024
+    default_cpus: int = 1
+    default_mem_gb: int = 4
+    default_time_limit_min: int = 60
+    max_time_limit_min: int = 7 * 24 * 60
+
+    def __post_init__(self) -> None:
+        if self.container_runtime not in CONTAINER_RUNTIMES:
+            raise ConfigError(
+                f"container_runtime must be one of {', '.join(CONTAINER_RUNTIMES)}, "
+                f"not {self.container_runtime!r}"
+            )
+        if self.jwt_algorithm not in ("HS256", "RS256"):
+            raise ConfigError(f"jwt_algorithm must be HS256 or RS256, not {self.jwt_algorithm!r}")
+        if self.refresh_interval_s <= 0:
+            raise ConfigError("refresh_interval_s must be positive")
+
+    def slurm_bin(self, command: str) -> str:
+        return str(Path(self.slurm_bin_dir) / command)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(Settings)
+
+
+def _coerce(name: str, raw: Any, annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    try:
+        if annotation is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if annotation is int:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return int(raw)
+        if annotation is float:
+            return float(raw)
+        if origin is tuple:
+            if isinstance(raw, str):
+                return tuple(item.strip() for item in raw.split(",") if item.strip())
+            if isinstance(raw, (list, tuple)):
+                return tuple(str(item) for item in raw)
+            raise ValueError(raw)
+        if annotation is str or isinstance(annotation, types.UnionType):
+            if not isinstance(raw, (str, int, float)):
+                raise ValueError(raw)
+            return str(raw)
+    except ValueError as exc:
+        raise ConfigError(f"setting {name}: cannot read {raw!r} as {annotation}") from exc
+    return raw
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> Settings:
+    """Build Settings from defaults, then GPUPOOL_CONFIG's file, then GPUPOOL_* variables."""
+    env = os.environ if environ is None else environ
+    hints = _field_types()
+    values: dict[str, Any] = {}
+
+    config_file = env.get(ENV_PREFIX + "CONFIG")
+    if config_file:
+        path = Path(config_file)
+        try:
+            file_values = tomllib.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"GPUPOOL_CONFIG names {path}, which does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        unknown = set(file_values) - set(hints)
+        if unknown:
+            raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
+        for name, raw in file_values.items():
+            values[name] = _coerce(name, raw, hints[name])
+
+    for name, annotation in hints.items():
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = _coerce(name, raw, annotation)
+
+    for name, raw in (overrides or {}).items():
+        if name not in hints:
+            raise ConfigError(f"unknown setting {name}")
+        values[name] = _coerce(name, raw, hints[name])
+
+    for name in _PATH_FIELDS:
+        if values.get(name):
+            values[name] = str(Path(values[name]).expanduser().resolve())
+    values.setdefault("templates_dir", str(Path(Settings.templates_dir).resolve()))
+    values.setdefault("job_root", str(Path(Settings.job_root).resolve()))
+    values["database_url"] = _absolute_sqlite_url(values.get("database_url", Settings.database_url))
+    return Settings(**values)
+
+
+def _absolute_sqlite_url(url: str) -> str:
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != "sqlite://":
+        relative = url[len(prefix):]
+        if relative and relative != ":memory:":
+            return prefix + str(Path(relative).resolve())
+    return url

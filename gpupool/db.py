@@ -1,0 +1,132 @@
+"""Engine, sessions and the schema-revision check.
+
+The API opens one session per request; the worker and the state refresher
+open their own and own their transactions. Tests may hand in a session
+factory bound to a connection inside an outer transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import DateTime, Engine, create_engine, event, text
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import DeclarativeBase, sessionmaker
+from sqlalchemy.types import TypeDecorator
+
+from gpupool.errors import DatabaseUnavailable, MigrationRequired
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Aware UTC datetimes on every backend (SQLite keeps no zone of its own)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(dt.UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.removeprefix("sqlite:///")
+        if path and path != url and not path.startswith(":memory:"):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            # WAL lets readers proceed while the refresher writes.
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("connect_args", {"connect_timeout": 5})
+    return create_engine(url, **kwargs)
+
+
+def make_session_factory(bind: Engine | Connection, **kwargs: Any) -> sessionmaker:
+    return sessionmaker(bind=bind, expire_on_commit=False, **kwargs)
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(bind: Engine | Connection) -> str | None:
+    def read(conn: Connection) -> str | None:
+        return MigrationContext.configure(conn).get_current_revision()
+
+    if isinstance(bind, Connection):
+        return read(bind)
+    with bind.connect() as conn:
+        return read(conn)
+
+
+def upgrade(bind: Engine | Connection, revision: str = "head") -> None:
+    if isinstance(bind, Connection):
+        command.upgrade(alembic_config(connection=bind), revision)
+        return
+    with bind.begin() as conn:
+        command.upgrade(alembic_config(connection=conn), revision)
+
+
+def ensure_migrated(engine: Engine) -> None:
+    """Refuse to serve a database whose schema is not at this code's revision."""
+    try:
+        current = current_revision(engine)
+    except OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot reach the database: {exc.orig}") from exc
+    head = head_revision()
+    if current != head:
+        raise MigrationRequired(
+            f"the database is at schema revision {current or 'none (empty)'}, but this "
+            f"gpupool needs {head}; run `gpupool db upgrade` first"
+        )
+
+
+def ping(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))

@@ -1,0 +1,145 @@
+"""Job states from Slurm without hammering it.
+
+One batched ``squeue`` for every unfinished job, at most once per refresh
+interval across all processes: a single-row lease in the database decides who
+runs it, so the number of Slurm calls depends neither on how many clients poll
+nor on how many gunicorn workers serve them. Jobs that squeue no longer lists
+(past ``MinJobAge``) or that it shows as ended are read from ``sacct``, again in
+one call. Jobs whose submission timed out are found by their tag.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpupool.db import utcnow
+from gpupool.errors import SlurmUnavailable
+from gpupool.models import TERMINAL_STATES, Job, SlurmSync
+from gpupool.models.jobs import SUBMITTING
+from gpupool.slurm import AccountingEntry, QueueEntry, SlurmClient
+
+log = logging.getLogger("gpupool.jobstate")
+LEASE_ID = 1
+SUBMISSION_LOST = "SubmissionLost"
+
+
+def _apply_queue(job: Job, entry: QueueEntry) -> None:
+    job.slurm_job_id = entry.slurm_job_id
+    job.state = entry.state
+    job.reason = entry.reason if entry.state == "PENDING" else None
+    job.submitted_at = entry.submitted_at or job.submitted_at
+    job.started_at = entry.started_at
+    job.node = entry.node if entry.state != "PENDING" else None
+
+
+def _apply_accounting(job: Job, entry: AccountingEntry) -> None:
+    job.state = entry.state
+    job.reason = entry.reason if entry.state == "PENDING" else None
+    job.submitted_at = entry.submitted_at or job.submitted_at
+    job.started_at = entry.started_at
+    job.ended_at = entry.ended_at if entry.state in TERMINAL_STATES else None
+    job.node = entry.node
+    if entry.state in TERMINAL_STATES:
+        job.finished = True
+        job.exit_code = entry.exit_code
+        job.exit_signal = entry.exit_signal
+        job.elapsed_s = entry.elapsed_s
+
+
+class JobStateRefresher:
+    def __init__(
+        self,
+        session_factory: sessionmaker,
+        slurm: SlurmClient,
+        *,
+        interval_s: float,
+        submission_grace_s: float,
+    ) -> None:
+        self._sessions = session_factory
+        self._slurm = slurm
+        self.interval = dt.timedelta(seconds=interval_s)
+        self.submission_grace = dt.timedelta(seconds=submission_grace_s)
+
+    def _claim_lease(self, now: dt.datetime) -> bool:
+        with self._sessions() as session, session.begin():
+            claimed = session.execute(
+                update(SlurmSync)
+                .where(SlurmSync.id == LEASE_ID, SlurmSync.started_at <= now - self.interval)
+                .values(started_at=now)
+            ).rowcount
+            if claimed:
+                return True
+            if session.get(SlurmSync, LEASE_ID) is not None:
+                return False
+        try:
+            with self._sessions() as session, session.begin():
+                session.add(SlurmSync(id=LEASE_ID, started_at=now))
+            return True
+        except IntegrityError:
+            return False  # another process created the lease first and holds it
+
+    def maybe_refresh(self) -> bool:
+        """Refresh if this interval's lease is free; True if this call ran the refresh."""
+        now = utcnow()
+        if not self._claim_lease(now):
+            return False
+        error: str | None = None
+        try:
+            self.refresh(now)
+        except SlurmUnavailable as exc:
+            # Callers keep serving the last known states; the next lease retries.
+            error = exc.message
+            log.warning("job state refresh failed: %s", exc.message)
+        with self._sessions() as session, session.begin():
+            session.execute(
+                update(SlurmSync).where(SlurmSync.id == LEASE_ID).values(finished_at=utcnow(), last_error=error)
+            )
+        return True
+
+    def refresh(self, now: dt.datetime | None = None) -> None:
+        now = now or utcnow()
+        with self._sessions() as session, session.begin():
+            unfinished = list(session.scalars(select(Job).where(Job.finished.is_(False))))
+            if not unfinished:
+                return
+            queue = self._slurm.queue()
+            by_tag = {entry.comment: entry for entry in queue.values() if entry.comment.startswith("gpupool:")}
+            needs_accounting: list[Job] = []
+            for job in unfinished:
+                if job.slurm_job_id is None:
+                    self._resolve_submission(job, by_tag.get(job.tag), now)
+                    continue
+                entry = queue.get(job.slurm_job_id)
+                if entry is not None and entry.comment in ("", job.tag):
+                    _apply_queue(job, entry)
+                    if entry.state in TERMINAL_STATES:
+                        needs_accounting.append(job)
+                else:
+                    needs_accounting.append(job)
+            self._apply_accounting(session, needs_accounting)
+
+    def _resolve_submission(self, job: Job, entry: QueueEntry | None, now: dt.datetime) -> None:
+        if entry is not None:
+            log.info("adopting job %s: Slurm accepted it as %s after sbatch gave up", job.id, entry.slurm_job_id)
+            _apply_queue(job, entry)
+            return
+        attempted = job.submit_attempted_at or job.created_at
+        if job.state == SUBMITTING and now - attempted > self.submission_grace:
+            job.state, job.reason, job.finished = "FAILED", SUBMISSION_LOST, True
+            job.ended_at = now
+
+    def _apply_accounting(self, session: Session, jobs: Iterable[Job]) -> None:
+        jobs = list(jobs)
+        if not jobs:
+            return
+        records = self._slurm.accounting(job.slurm_job_id for job in jobs if job.slurm_job_id is not None)
+        for job in jobs:
+            record = records.get(job.slurm_job_id) if job.slurm_job_id is not None else None
+            if record is not None:
+                _apply_accounting(job, record)

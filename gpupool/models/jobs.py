@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from gpupool.db import Base, UTCDateTime, utcnow
+
+# The row exists but sbatch has not (yet) confirmed a Slurm job id.
+SUBMITTING = "SUBMITTING"
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
+
+
+class Job(Base):
+    """A job submitted through the API, with the last state read from Slurm."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("account", "owner", "idempotency_key", name="uq_jobs_idempotency"),
+        Index("ix_jobs_account_created", "account", "created_at", "id"),
+        Index("ix_jobs_unfinished", "finished", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    account: Mapped[str] = mapped_column(ForeignKey("accounts.name"))
+    owner: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(128))
+    template: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    gpus: Mapped[int] = mapped_column(Integer)
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    cpus: Mapped[int] = mapped_column(Integer)
+    mem_gb: Mapped[int] = mapped_column(Integer)
+    time_limit_min: Mapped[int] = mapped_column(Integer)
+    container_image: Mapped[str | None] = mapped_column(String(512))
+    job_dir: Mapped[str] = mapped_column(Text)
+
+    slurm_job_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    state: Mapped[str] = mapped_column(String(32), default=SUBMITTING)
+    finished: Mapped[bool] = mapped_column(default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    exit_signal: Mapped[int | None] = mapped_column(Integer)
+    node: Mapped[str | None] = mapped_column(String(255))
+    submitted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    elapsed_s: Mapped[int | None] = mapped_column(Integer)
+
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    submit_attempted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+    @property
+    def tag(self) -> str:
+        """Marker put in the Slurm job's comment, so a job can be found without its id."""
+        return f"gpupool:{self.id}"
+
+
+class SlurmSync(Base):
+    """Single-row lease: whoever moves ``started_at`` forward runs the batched refresh."""
+
+    __tablename__ = "slurm_sync"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)

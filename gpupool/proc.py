@@ -1,0 +1,88 @@
+"""The one place gpupool starts another program.
+
+Commands are argument lists run with ``shell=False``, a timeout, and a minimal
+environment built from scratch: nothing of the service's own environment (its
+database URL, its JWT secret, any ``SBATCH_*`` or ``SLURM_*`` variable) can
+leak into a Slurm command or, through sbatch's environment export, into a job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpupool.errors import CommandFailed, CommandNotFound, CommandTimedOut
+
+# Slurm prints times in the caller's zone; UTC makes every parsed time absolute.
+_BASE_ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC"}
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for child processes: locale, UTC, PATH, HOME and SLURM_CONF only."""
+    env = dict(_BASE_ENV)
+    env["PATH"] = _DEFAULT_PATH
+    home = os.environ.get("HOME")
+    if home:
+        env["HOME"] = home
+    # An operator may point Slurm at a non-default config; that is not a secret.
+    slurm_conf = os.environ.get("SLURM_CONF")
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    input_text: str | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> CommandResult:
+    """Run ``argv`` and return its output; raise with stderr kept on failure or timeout."""
+    if isinstance(argv, str):  # a str would be split into characters, never a shell line
+        raise TypeError("argv must be a sequence of arguments, not a string")
+    args = tuple(argv)
+    started = time.monotonic()
+    try:
+        completed = subprocess.run(  # noqa: S603 - list argv, shell=False
+            args,
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=dict(env) if env is not None else minimal_env(),
+            shell=False,
+            check=False,
+            close_fds=True,
+        )
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        raise CommandTimedOut(args, timeout_s, stderr) from exc
+    except FileNotFoundError as exc:
+        raise CommandNotFound(args, 127, f"{args[0]}: command not found") from exc
+    result = CommandResult(
+        argv=args,
+        returncode=completed.returncode,
+        stdout=completed.stdout,
+        stderr=completed.stderr,
+        duration_s=time.monotonic() - started,
+    )
+    if check and completed.returncode != 0:
+        raise CommandFailed(args, completed.returncode, completed.stderr)
+    return result

@@ -1,0 +1,170 @@
+"""Render an sbatch script and its command line from a validated job request.
+
+``render`` is a pure function of ``JobSpec``: no clock, no filesystem, no
+environment. Customer values reach the script only as shell-quoted
+assignments (``shlex.quote``) after the ``#SBATCH`` block, so they can neither
+start a directive nor run as code. Options go in one fixed order; the same
+options are given on the sbatch command line, which Slurm lets override the
+script, so account, partition, GRES and time limit can never come from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Values gpupool writes into #SBATCH lines unquoted; anything else is double-quoted,
+# since sbatch's directive parser honours "..." and backslash but not '...'.
+_DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_.,:/=@+%-]*$")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job_id: str
+    account: str
+    name: str
+    template: str
+    body: str
+    params: Mapping[str, Any]
+    gpus: int
+    gpu_type: str | None
+    cpus: int
+    mem_gb: int
+    time_limit_min: int
+    partition: str
+    job_dir: str
+    runtime: str = "none"
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    script: str
+    options: tuple[str, ...]
+
+    @property
+    def stdout_path(self) -> str:
+        return _option_value(self.options, "--output")
+
+    @property
+    def stderr_path(self) -> str:
+        return _option_value(self.options, "--error")
+
+
+def _option_value(options: tuple[str, ...], flag: str) -> str:
+    prefix = flag + "="
+    return next(opt[len(prefix):] for opt in options if opt.startswith(prefix))
+
+
+def param_env_name(param: str) -> str:
+    return "GPUPOOL_PARAM_" + param.upper()
+
+
+def _shell_value(value: Any) -> str:
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float):
+        text = repr(value)
+    else:
+        text = str(value)
+    return shlex.quote(text)
+
+
+def _directive_value(value: str) -> str:
+    if _DIRECTIVE_SAFE.match(value):
+        return value
+    if "\n" in value or "\r" in value or "\x00" in value:
+        raise ValueError(f"directive value must be a single line: {value!r}")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def gres(gpus: int, gpu_type: str | None) -> str:
+    return f"gpu:{gpu_type}:{gpus}" if gpu_type else f"gpu:{gpus}"
+
+
+def _container_mounts(spec: JobSpec) -> str:
+    return ",".join((f"{spec.job_dir}:{spec.job_dir}", *spec.container_mounts))
+
+
+def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
+    """Every sbatch option, in the one order gpupool ever emits them."""
+    options = [
+        f"--job-name={spec.name}",
+        f"--account={spec.account}",
+        f"--partition={spec.partition}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={spec.cpus}",
+        f"--mem={spec.mem_gb}G",
+        f"--gres={gres(spec.gpus, spec.gpu_type)}",
+        f"--time={spec.time_limit_min}",
+        f"--chdir={spec.job_dir}",
+        f"--output={spec.job_dir}/stdout.log",
+        f"--error={spec.job_dir}/stderr.log",
+        f"--comment=gpupool:{spec.job_id}",
+    ]
+    if spec.runtime == "pyxis" and spec.container_image:
+        options += [
+            f"--container-image={spec.container_image}",
+            f"--container-mounts={_container_mounts(spec)}",
+            f"--container-workdir={spec.job_dir}",
+        ]
+    return tuple(options)
+
+
+def _docker_wrapped(spec: JobSpec, env_names: list[str]) -> list[str]:
+    assert spec.container_image
+    # A delimiter derived from the body cannot occur in it as a line of its own.
+    delimiter = "GPUPOOL_BODY_" + hashlib.sha256(spec.body.encode()).hexdigest()[:16]
+    lines = [
+        "docker run --rm --init --interactive \\",
+        f"  --name {shlex.quote('gpupool-' + spec.job_id)} \\",
+        '  --gpus "\\"device=${CUDA_VISIBLE_DEVICES:?no GPUs allocated}\\"" \\',
+        '  --user "$(id -u):$(id -g)" \\',
+    ]
+    lines += [f"  --env {name} \\" for name in env_names]
+    for mount in (f"{spec.job_dir}:{spec.job_dir}", *spec.container_mounts):
+        lines.append(f"  --volume {shlex.quote(mount)} \\")
+    lines += [
+        f"  --workdir {shlex.quote(spec.job_dir)} \\",
+        f"  {shlex.quote(spec.container_image)} /bin/bash -s <<'{delimiter}'",
+        "set -euo pipefail",
+        spec.body.rstrip("\n"),
+        delimiter,
+    ]
+    return lines
+
+
+def render(spec: JobSpec) -> RenderedJob:
+    """The sbatch script and command-line options for ``spec``."""
+    options = sbatch_options(spec)
+    # The job name is customer text; it travels only as an argv element.
+    directives = [f"#SBATCH {opt.split('=', 1)[0]}={_directive_value(opt.split('=', 1)[1])}"
+                  if "=" in opt else f"#SBATCH {opt}"
+                  for opt in options if not opt.startswith("--job-name=")]
+    env: list[tuple[str, str]] = [
+        ("GPUPOOL_JOB_ID", shlex.quote(spec.job_id)),
+        ("GPUPOOL_JOB_DIR", shlex.quote(spec.job_dir)),
+        ("GPUPOOL_TEMPLATE", shlex.quote(spec.template)),
+    ]
+    env += [(param_env_name(name), _shell_value(spec.params[name])) for name in sorted(spec.params)]
+    lines = [
+        "#!/bin/bash",
+        f"# gpupool job {spec.job_id}, template {spec.template}. Generated by gpupool: the",
+        "# options below are also passed on the sbatch command line, which takes precedence.",
+        *directives,
+        "set -euo pipefail",
+        *(f"export {name}={value}" for name, value in env),
+        "",
+        f"# ---- template {spec.template} ----",
+    ]
+    if spec.runtime == "docker" and spec.container_image:
+        lines += _docker_wrapped(spec, [name for name, _ in env])
+    else:
+        lines.append(spec.body.rstrip("\n"))
+    return RenderedJob(script="\n".join(lines) + "\n", options=options)

@@ -1,0 +1,124 @@
+"""Parsers for Slurm's delimited output, keyed on its header row.
+
+Only pure functions live here, so they are tested on literal strings.
+A free-text column (a job name) may itself contain the delimiter or a newline;
+callers put at most one such column last, and ``parse_delimited`` keeps the
+rest of the line, continuation lines included, in that last column.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+
+_NO_TIME = frozenset({"", "Unknown", "N/A", "None", "(null)"})
+_TRES_GPU = re.compile(r"^gres/gpu(?::(?P<type>[^=]+))?=(?P<count>\d+)$")
+
+
+class ParseError(ValueError):
+    """Output did not have the shape gpupool asked Slurm for."""
+
+
+def parse_delimited(text: str, delimiter: str = "|") -> list[dict[str, str]]:
+    """Rows of ``text`` as dicts keyed on its first (header) line."""
+    lines = text.splitlines()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if not lines:
+        raise ParseError("no header line in Slurm output")
+    header = [name.strip() for name in lines[0].split(delimiter)]
+    width = len(header)
+    rows: list[list[str]] = []
+    for line in lines[1:]:
+        fields = line.split(delimiter, width - 1)
+        if len(fields) == width:
+            rows.append(fields)
+        elif rows and line != "":
+            # A newline inside the last (free-text) column of the previous row.
+            rows[-1][-1] += "\n" + line
+        elif line.strip():
+            raise ParseError(f"expected {width} fields, got {len(fields)}: {line!r}")
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def parse_time(value: str) -> dt.datetime | None:
+    """A Slurm timestamp printed under TZ=UTC, or None for Slurm's many spellings of 'none'."""
+    value = value.strip()
+    if value in _NO_TIME:
+        return None
+    try:
+        return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=dt.UTC)
+    except ValueError as exc:
+        raise ParseError(f"not a Slurm timestamp: {value!r}") from exc
+
+
+def parse_exit_code(value: str) -> tuple[int | None, int | None]:
+    """``'2:0'`` -> (2, 0): the exit status and the signal that ended the job."""
+    value = value.strip()
+    if not value:
+        return None, None
+    status, _, signal = value.partition(":")
+    try:
+        return int(status), int(signal or 0)
+    except ValueError as exc:
+        raise ParseError(f"not a Slurm exit code: {value!r}") from exc
+
+
+def base_state(value: str) -> str:
+    """``'CANCELLED by 0'`` -> ``'CANCELLED'``; squeue and sacct otherwise agree."""
+    return value.strip().split(" ", 1)[0].rstrip("+")
+
+
+def parse_int(value: str) -> int | None:
+    value = value.strip()
+    return int(value) if value.isdigit() else None
+
+
+def gpus_from_tres(tres: str) -> tuple[int, str | None]:
+    """GPU count and type from a TRES string such as ``cpu=1,gres/gpu:rtx4090=2,gres/gpu=2``.
+
+    Slurm records the untyped key and each typed key for the same GPUs, so they
+    are never added together: the untyped count wins, a typed key names the type.
+    """
+    untyped: int | None = None
+    typed: dict[str, int] = {}
+    for item in filter(None, tres.split(",")):
+        match = _TRES_GPU.match(item.strip())
+        if not match:
+            continue
+        count = int(match["count"])
+        if match["type"]:
+            typed[match["type"]] = typed.get(match["type"], 0) + count
+        else:
+            untyped = count
+    gpu_type = next(iter(typed)) if len(typed) == 1 else None
+    if untyped is None:
+        untyped = sum(typed.values())
+    return untyped, gpu_type
+
+
+@dataclass(frozen=True)
+class GresEntry:
+    name: str
+    gpu_type: str | None
+    count: int
+
+
+def parse_gres(value: str) -> list[GresEntry]:
+    """``gpu:rtx4090:4(S:0-1),gpu:rtx3090:2`` -> entries (socket bindings ignored)."""
+    entries: list[GresEntry] = []
+    for item in filter(None, re.split(r",(?![^(]*\))", value.strip())):
+        item = re.sub(r"\(.*\)$", "", item.strip())
+        if item in ("(null)", ""):
+            continue
+        parts = item.split(":")
+        if len(parts) == 3 and parts[2].isdigit():
+            entries.append(GresEntry(parts[0], parts[1], int(parts[2])))
+        elif len(parts) == 2 and parts[1].isdigit():
+            entries.append(GresEntry(parts[0], None, int(parts[1])))
+        elif len(parts) == 2:
+            entries.append(GresEntry(parts[0], parts[1], 1))
+        elif len(parts) == 1:
+            entries.append(GresEntry(parts[0], None, 1))
+    return entries

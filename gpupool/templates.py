@@ -1,0 +1,152 @@
+"""Operator-written job templates: a parameter schema (template.toml) and a bash body (run.sh).
+
+Each ``slurm_templates/<name>/`` folder is one template. Parameters are typed
+and bounded in TOML; gpupool turns each schema into a pydantic model, so the
+same definition validates requests and appears in ``GET /templates`` and the
+OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from gpupool.errors import ConfigError, ValidationFailed
+
+TEMPLATE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+PARAM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_PARAM_TYPES = ("string", "integer", "number", "boolean")
+_SPEC_KEYS = {"type", "description", "default", "minimum", "maximum", "max_length", "min_length", "pattern", "choices"}
+# bash cannot hold a NUL byte in a variable; a default cap keeps scripts sane.
+_DEFAULT_MAX_LENGTH = 4096
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL bytes")
+    return value
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    description: str
+    body: str
+    min_gpus: int
+    max_gpus: int | None
+    default_gpus: int
+    params_model: type[BaseModel]
+
+    def parameter_schema(self) -> dict[str, Any]:
+        return self.params_model.model_json_schema()
+
+    def validate_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            return self.params_model.model_validate(dict(raw)).model_dump()
+        except ValidationError as exc:
+            raise ValidationFailed(
+                f"invalid params for template {self.name!r}: {describe_validation_error(exc)}",
+                errors=validation_error_list(exc, prefix=("params",)),
+            ) from exc
+
+
+def validation_error_list(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[dict[str, str]]:
+    return [
+        {"field": ".".join(str(part) for part in (*prefix, *err["loc"])), "message": err["msg"]}
+        for err in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+        for err in exc.errors(include_url=False, include_input=False)
+    )
+
+
+def _param_field(template: str, name: str, spec: Mapping[str, Any]) -> tuple[Any, Any]:
+    unknown = set(spec) - _SPEC_KEYS
+    if unknown:
+        raise ConfigError(f"template {template}: param {name}: unknown key(s) {', '.join(sorted(unknown))}")
+    kind = spec.get("type")
+    if kind not in _PARAM_TYPES:
+        raise ConfigError(f"template {template}: param {name}: type must be one of {', '.join(_PARAM_TYPES)}")
+    constraints: dict[str, Any] = {"description": spec.get("description")}
+    annotation: Any
+    if "choices" in spec:
+        annotation = Literal[tuple(spec["choices"])]
+    elif kind == "string":
+        constraints["max_length"] = spec.get("max_length", _DEFAULT_MAX_LENGTH)
+        if "min_length" in spec:
+            constraints["min_length"] = spec["min_length"]
+        if "pattern" in spec:
+            constraints["pattern"] = spec["pattern"]
+        annotation = Annotated[str, AfterValidator(_no_nul)]
+    elif kind == "integer":
+        annotation = int
+    elif kind == "number":
+        annotation = float
+    else:
+        annotation = bool
+    for bound in ("minimum", "maximum"):
+        if bound in spec:
+            constraints["ge" if bound == "minimum" else "le"] = spec[bound]
+    default = spec["default"] if "default" in spec else ...
+    return annotation, Field(default, strict=kind in ("integer", "boolean", "string"), **constraints)
+
+
+def load_template(folder: Path) -> Template:
+    name = folder.name
+    if not TEMPLATE_NAME.match(name):
+        raise ConfigError(f"template folder {folder}: name must match {TEMPLATE_NAME.pattern}")
+    spec_path, body_path = folder / "template.toml", folder / "run.sh"
+    try:
+        spec = tomllib.loads(spec_path.read_text())
+        body = body_path.read_text()
+    except FileNotFoundError as exc:
+        raise ConfigError(f"template {name}: missing {exc.filename}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"template {name}: {spec_path} is not valid TOML: {exc}") from exc
+    params = spec.get("params", {})
+    fields: dict[str, Any] = {}
+    for param_name, param_spec in params.items():
+        if not PARAM_NAME.match(param_name):
+            raise ConfigError(f"template {name}: param name {param_name!r} must match {PARAM_NAME.pattern}")
+        fields[param_name] = _param_field(name, param_name, param_spec)
+    model = create_model(  # type: ignore[call-overload]
+        f"{name.title().replace('-', '').replace('_', '')}Params",
+        __config__=ConfigDict(extra="forbid"),
+        **fields,
+    )
+    resources = spec.get("resources", {})
+    min_gpus = int(resources.get("min_gpus", 1))
+    max_gpus = resources.get("max_gpus")
+    return Template(
+        name=name,
+        description=str(spec.get("description", "")),
+        body=body,
+        min_gpus=min_gpus,
+        max_gpus=int(max_gpus) if max_gpus is not None else None,
+        default_gpus=int(resources.get("default_gpus", min_gpus)),
+        params_model=model,
+    )
+
+
+def load_templates(directory: str | Path) -> dict[str, Template]:
+    root = Path(directory)
+    if not root.is_dir():
+        raise ConfigError(f"templates_dir {root} is not a directory")
+    templates = {
+        folder.name: load_template(folder)
+        for folder in sorted(root.iterdir())
+        if folder.is_dir() and (folder / "template.toml").exists()
+    }
+    if not templates:
+        raise ConfigError(f"no templates found in {root}")
+    return templates
