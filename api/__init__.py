@@ -37,7 +37,6 @@ def create_app(
     settings = config if isinstance(config, Settings) else load_settings(overrides=config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     slurm = slurm or SlurmClient(settings)
-    engine = None
     if session_factory is None:
         engine = make_engine(settings.database_url)
         ensure_migrated(engine)
@@ -52,7 +51,6 @@ def create_app(
     app.extensions["gpupool"] = AppState(
         settings=settings,
         slurm=slurm,
-        engine=engine,
         session_factory=session_factory,
         templates=load_templates(settings.templates_dir),
         refresher=JobStateRefresher(

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 
 from flask import current_app, g
-from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.config import Settings
@@ -45,7 +44,6 @@ class InventoryCache:
 class AppState:
     settings: Settings
     slurm: SlurmClient
-    engine: Engine | None
     session_factory: sessionmaker
     templates: dict[str, Template]
     refresher: JobStateRefresher

@@ -8,7 +8,8 @@ from api.context import state
 from api.errors import error_response
 from api.openapi import openapi_document
 from api.schemas import TemplateOut
-from gpupool.db import ping
+from sqlalchemy import text
+
 from gpupool.errors import ServiceUnavailable
 
 meta_bp = Blueprint("meta", __name__)
@@ -25,8 +26,8 @@ def readyz() -> Response:
     app = state()
     checks: dict[str, str] = {}
     try:
-        if app.engine is not None:
-            ping(app.engine)
+        with app.session_factory() as session:
+            session.execute(text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         checks["database"] = f"unavailable: {type(exc).__name__}"

@@ -98,10 +98,14 @@ def _coerce(name: str, raw: Any, annotation: Any) -> Any:
                 return False
             raise ValueError(raw)
         if annotation is int:
-            if isinstance(raw, bool):
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
+            if not isinstance(raw, (int, float, str)):
                 raise ValueError(raw)
             return int(raw)
         if annotation is float:
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+                raise ValueError(raw)
             return float(raw)
         if origin is tuple:
             if isinstance(raw, str):
@@ -113,7 +117,7 @@ def _coerce(name: str, raw: Any, annotation: Any) -> Any:
             if not isinstance(raw, (str, int, float)):
                 raise ValueError(raw)
             return str(raw)
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"setting {name}: cannot read {raw!r} as {annotation}") from exc
     return raw
 

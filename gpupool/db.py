@@ -15,7 +15,7 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import DateTime, Engine, create_engine, event, text
+from sqlalchemy import DateTime, Engine, create_engine, event
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, sessionmaker
@@ -54,7 +54,16 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def normalize_url(url: str) -> str:
+    """Plain ``postgresql://`` URLs mean psycopg2, the driver gpupool ships with."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg2://" + url[len(prefix):]
+    return url
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
+    url = normalize_url(url)
     if url.startswith("sqlite"):
         path = url.removeprefix("sqlite:///")
         if path and path != url and not path.startswith(":memory:"):
@@ -125,8 +134,3 @@ def ensure_migrated(engine: Engine) -> None:
             f"the database is at schema revision {current or 'none (empty)'}, but this "
             f"gpupool needs {head}; run `gpupool db upgrade` first"
         )
-
-
-def ping(engine: Engine) -> None:
-    with engine.connect() as conn:
-        conn.execute(text("SELECT 1"))

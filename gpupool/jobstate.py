@@ -65,8 +65,11 @@ class JobStateRefresher:
         self._slurm = slurm
         self.interval = dt.timedelta(seconds=interval_s)
         self.submission_grace = dt.timedelta(seconds=submission_grace_s)
+        # Before this moment the lease is known to be held: skip the database entirely.
+        self._not_before = dt.datetime.min.replace(tzinfo=dt.UTC)
 
-    def _claim_lease(self, now: dt.datetime) -> bool:
+    def _claim_lease(self, now: dt.datetime) -> dt.datetime | None:
+        """Take the lease (None) or return when its current holder took it."""
         with self._sessions() as session, session.begin():
             claimed = session.execute(
                 update(SlurmSync)
@@ -74,21 +77,27 @@ class JobStateRefresher:
                 .values(started_at=now)
             ).rowcount
             if claimed:
-                return True
-            if session.get(SlurmSync, LEASE_ID) is not None:
-                return False
+                return None
+            lease = session.get(SlurmSync, LEASE_ID)
+            if lease is not None:
+                return lease.started_at
         try:
             with self._sessions() as session, session.begin():
                 session.add(SlurmSync(id=LEASE_ID, started_at=now))
-            return True
+            return None
         except IntegrityError:
-            return False  # another process created the lease first and holds it
+            return now  # another process created the lease first and holds it
 
     def maybe_refresh(self) -> bool:
         """Refresh if this interval's lease is free; True if this call ran the refresh."""
         now = utcnow()
-        if not self._claim_lease(now):
+        if now < self._not_before:
             return False
+        held_since = self._claim_lease(now)
+        if held_since is not None:
+            self._not_before = held_since + self.interval
+            return False
+        self._not_before = now + self.interval
         error: str | None = None
         try:
             self.refresh(now)

@@ -76,6 +76,8 @@ def run_command(
         raise CommandTimedOut(args, timeout_s, stderr) from exc
     except FileNotFoundError as exc:
         raise CommandNotFound(args, 127, f"{args[0]}: command not found") from exc
+    except PermissionError as exc:
+        raise CommandNotFound(args, 126, f"{args[0]}: not executable by this user") from exc
     result = CommandResult(
         argv=args,
         returncode=completed.returncode,

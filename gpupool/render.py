@@ -65,6 +65,30 @@ def param_env_name(param: str) -> str:
     return "GPUPOOL_PARAM_" + param.upper()
 
 
+def _ansi_c_quote(text: str) -> str:
+    out = []
+    for char in text:
+        if char in "\\'":
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\t":
+            out.append("\\t")
+        elif ord(char) < 32 or ord(char) == 127:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    return "$'" + "".join(out) + "'"
+
+
+def shell_quote(text: str) -> str:
+    """Quote for bash so the value stays on one line: customer text never starts a line,
+    where sbatch would still read a ``#PBS``/``#BSUB`` directive or a reader mistake it for code."""
+    if text.isprintable():
+        return shlex.quote(text)
+    return _ansi_c_quote(text)
+
+
 def _shell_value(value: Any) -> str:
     if isinstance(value, bool):
         text = "true" if value else "false"
@@ -72,7 +96,7 @@ def _shell_value(value: Any) -> str:
         text = repr(value)
     else:
         text = str(value)
-    return shlex.quote(text)
+    return shell_quote(text)
 
 
 def _directive_value(value: str) -> str:
@@ -107,6 +131,8 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
         f"--output={spec.job_dir}/stdout.log",
         f"--error={spec.job_dir}/stderr.log",
         f"--comment=gpupool:{spec.job_id}",
+        # sbatch would otherwise honour #PBS/#BSUB lines anywhere in the first 100 lines.
+        "--ignore-pbs",
     ]
     if spec.runtime == "pyxis" and spec.container_image:
         options += [
@@ -148,9 +174,9 @@ def render(spec: JobSpec) -> RenderedJob:
                   if "=" in opt else f"#SBATCH {opt}"
                   for opt in options if not opt.startswith("--job-name=")]
     env: list[tuple[str, str]] = [
-        ("GPUPOOL_JOB_ID", shlex.quote(spec.job_id)),
-        ("GPUPOOL_JOB_DIR", shlex.quote(spec.job_dir)),
-        ("GPUPOOL_TEMPLATE", shlex.quote(spec.template)),
+        ("GPUPOOL_JOB_ID", shell_quote(spec.job_id)),
+        ("GPUPOOL_JOB_DIR", shell_quote(spec.job_dir)),
+        ("GPUPOOL_TEMPLATE", shell_quote(spec.template)),
     ]
     env += [(param_env_name(name), _shell_value(spec.params[name])) for name in sorted(spec.params)]
     lines = [

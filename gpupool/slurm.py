@@ -81,12 +81,17 @@ class GpuInventory:
 
 def _none_if_blank(value: str) -> str | None:
     value = value.strip()
-    return None if value in ("", "None", "(null)", "N/A") else value
+    # sacct says "None assigned" for a job that never got a node.
+    return None if value in ("", "None", "None assigned", "(null)", "N/A") else value
+
+
+_QUEUE_COLUMNS = ("JOBID", "STATE", "REASON", "SUBMIT_TIME", "START_TIME", "END_TIME", "NODELIST", "COMMENT")
+_ACCT_COLUMNS = tuple(_ACCT_FIELDS.split(","))
 
 
 def parse_queue(text: str) -> dict[int, QueueEntry]:
     entries: dict[int, QueueEntry] = {}
-    for row in parse_delimited(text):
+    for row in parse_delimited(text, required=_QUEUE_COLUMNS):
         job_id = parse_int(row["JOBID"])
         if job_id is None:  # array or het-job ids are not API jobs
             continue
@@ -106,7 +111,7 @@ def parse_queue(text: str) -> dict[int, QueueEntry]:
 
 def parse_accounting(text: str) -> dict[int, AccountingEntry]:
     entries: dict[int, AccountingEntry] = {}
-    for row in parse_delimited(text):
+    for row in parse_delimited(text, required=_ACCT_COLUMNS):
         job_id = parse_int(row["JobIDRaw"])
         if job_id is None:
             continue
@@ -129,7 +134,7 @@ def parse_accounting(text: str) -> dict[int, AccountingEntry]:
 def parse_inventory(text: str) -> GpuInventory:
     best = 0
     by_type: dict[str, int] = {}
-    for row in parse_delimited(text):
+    for row in parse_delimited(text, required=("NODELIST", "GRES")):
         node_total = 0
         for gres in parse_gres(row["GRES"]):
             if gres.name != "gpu":

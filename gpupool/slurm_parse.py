@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-_NO_TIME = frozenset({"", "Unknown", "N/A", "None", "(null)"})
+_NO_TIME = frozenset({"", "Unknown", "N/A", "None", "NONE", "(null)"})
 _TRES_GPU = re.compile(r"^gres/gpu(?::(?P<type>[^=]+))?=(?P<count>\d+)$")
 
 
@@ -20,14 +21,17 @@ class ParseError(ValueError):
     """Output did not have the shape gpupool asked Slurm for."""
 
 
-def parse_delimited(text: str, delimiter: str = "|") -> list[dict[str, str]]:
-    """Rows of ``text`` as dicts keyed on its first (header) line."""
+def parse_delimited(text: str, delimiter: str = "|", required: Sequence[str] = ()) -> list[dict[str, str]]:
+    """Rows of ``text`` as dicts keyed on its first (header) line, which must name ``required``."""
     lines = text.splitlines()
     while lines and not lines[0].strip():
         lines.pop(0)
     if not lines:
         raise ParseError("no header line in Slurm output")
     header = [name.strip() for name in lines[0].split(delimiter)]
+    missing = [name for name in required if name not in header]
+    if missing:
+        raise ParseError(f"Slurm output lacks column(s) {', '.join(missing)}; header was {lines[0]!r}")
     width = len(header)
     rows: list[list[str]] = []
     for line in lines[1:]:

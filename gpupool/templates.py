@@ -98,7 +98,9 @@ def _param_field(template: str, name: str, spec: Mapping[str, Any]) -> tuple[Any
         if bound in spec:
             constraints["ge" if bound == "minimum" else "le"] = spec[bound]
     default = spec["default"] if "default" in spec else ...
-    return annotation, Field(default, strict=kind in ("integer", "boolean", "string"), **constraints)
+    if "choices" not in spec:
+        constraints["strict"] = True  # "5" is not 5 and true is not 1.0; a Literal is exact already
+    return annotation, Field(default, **constraints)
 
 
 def load_template(folder: Path) -> Template:

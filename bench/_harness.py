@@ -1,0 +1,147 @@
+"""Shared pieces of the benchmarks: a throwaway database, account, gunicorn and HTTP client."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from gpupool import db
+from gpupool.config import load_settings
+from gpupool.models import Account
+from gpupool.proc import run_command
+from gpupool.slurm import SlurmClient
+from gpupool.tokens import create_token
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("GPUPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+SECRET = secrets.token_urlsafe(48)
+SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr")
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def slurm(*argv: str, check: bool = True) -> str:
+    return run_command(list(argv), timeout_s=60, env={"PATH": "/usr/bin:/bin", "TZ": "UTC"}, check=check).stdout
+
+
+def table(title: str, rows: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in rows)
+    print(f"\n{title}\n" + "-" * len(title))
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+@contextmanager
+def bench_env(tmp: Path) -> Iterator[dict[str, Any]]:
+    """A database, a Slurm account with all 4 GPUs, a token; torn down afterwards."""
+    name = f"gpupool_bench_{secrets.token_hex(4)}"
+    account = f"b{secrets.token_hex(4)}"
+    admin = create_engine(db.normalize_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    with db.make_session_factory(engine)() as session, session.begin():
+        session.add(Account(name=account, gpu_limit=4))
+    engine.dispose()
+    settings = load_settings(environ={}, overrides={"jwt_secret": SECRET})
+    SlurmClient(settings).ensure_account(account, 4)
+    wrappers, calls = tmp / "slurm-bin", tmp / "slurm-calls.log"
+    wrappers.mkdir()
+    calls.touch()
+    for command in SLURM_COMMANDS:
+        wrapper = wrappers / command
+        wrapper.write_text(f'#!/bin/sh\necho {command} >> "{calls}"\nexec /usr/bin/{command} "$@"\n')
+        wrapper.chmod(0o755)
+    try:
+        yield {
+            "database_url": url,
+            "account": account,
+            "token": create_token(settings, sub=f"bench-{secrets.token_hex(3)}", account=account, ttl_s=3600),
+            "wrappers": wrappers,
+            "calls": calls,
+            "job_root": tmp / "jobs",
+        }
+    finally:
+        slurm("scancel", f"--account={account}", check=False)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextmanager
+def gunicorn(env_info: dict[str, Any], *, workers: int, threads: int = 1, **settings: str) -> Iterator[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        "PATH": f"{BIN}:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "GPUPOOL_DATABASE_URL": env_info["database_url"],
+        "GPUPOOL_JWT_SECRET": SECRET,
+        "GPUPOOL_RATELIMIT_STORAGE_URI": REDIS_URL,
+        "GPUPOOL_RATELIMIT_DEFAULT": "100000000/minute",
+        "GPUPOOL_RATELIMIT_SUBMIT": "100000000/minute",
+        "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
+        "GPUPOOL_JOB_ROOT": str(env_info["job_root"]),
+    }
+    env.update({f"GPUPOOL_{key.upper()}": value for key, value in settings.items()})
+    argv = [str(BIN / "gunicorn"), "--workers", str(workers), "--bind", f"127.0.0.1:{port}", "--log-level", "warning"]
+    if threads > 1:
+        argv += ["--worker-class", "gthread", "--threads", str(threads)]
+    process = subprocess.Popen([*argv, "api:create_app()"], cwd=REPO, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if call("GET", url + "/healthz")[0] == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def call(method: str, url: str, *, token: str | None = None, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

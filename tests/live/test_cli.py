@@ -1,0 +1,104 @@
+"""The operator's command line, against real Slurm accounting and a real database."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupool import db
+from gpupool.tokens import verify_token
+from tests.conftest import JWT_SECRET, REPO, base_settings, slurm_cmd
+
+GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+
+
+def run_cli(*args: str, database_url: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUPOOL_DATABASE_URL": database_url,
+        "GPUPOOL_JWT_SECRET": JWT_SECRET,
+        "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
+    }
+    return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/cli.db"
+
+
+@pytest.fixture
+def new_account() -> Iterator[str]:
+    name = f"c{secrets.token_hex(4)}"
+    yield name
+    slurm_cmd("sacctmgr", "-i", "delete", "account", name, check=False)
+
+
+def test_account_create_makes_the_slurm_account_association_and_gpu_limit(sqlite_url: str, new_account: str) -> None:
+    assert run_cli("db", "upgrade", database_url=sqlite_url).returncode == 0
+    created = run_cli("account", "create", new_account, "--gpu-limit", "2", database_url=sqlite_url)
+    assert created.returncode == 0, created.stderr
+    assert f"account {new_account} created" in created.stdout
+
+    rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", f"where", f"account={new_account}", "format=account,user,grptres").split()
+    assert f"{new_account}||gres/gpu=2" in rows
+    assert f"{new_account}|root|" in rows
+
+    again = run_cli("account", "create", new_account, "--gpu-limit", "3", database_url=sqlite_url)
+    assert again.returncode == 0 and "updated" in again.stdout
+    rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres").split()
+    assert f"{new_account}||gres/gpu=3" in rows
+    listed = run_cli("account", "list", database_url=sqlite_url)
+    assert f"{new_account}\tgpu_limit=3" in listed.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("account", "create", "Bad Name"), "not a valid account name"),
+        (("account", "create", "ok", "--gpu-limit", "-1"), "must be 0 or more"),
+        (("token", "create", "--account", "acme"), "--user"),
+        (("frobnicate",), "invalid choice"),
+    ],
+)
+def test_bad_command_lines_exit_2_with_a_message(sqlite_url: str, args: tuple[str, ...], message: str) -> None:
+    result = run_cli(*args, database_url=sqlite_url)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_commands_refuse_an_unmigrated_database(sqlite_url: str) -> None:
+    result = run_cli("account", "list", database_url=sqlite_url)
+    assert result.returncode == 1
+    assert "run `gpupool db upgrade` first" in result.stderr
+    assert db.current_revision(db.make_engine(sqlite_url)) is None
+    upgraded = run_cli("db", "upgrade", database_url=sqlite_url)
+    assert upgraded.returncode == 0 and upgraded.stdout.strip() == f"database at revision {db.head_revision()}"
+    assert run_cli("db", "upgrade", database_url=sqlite_url).returncode == 0  # idempotent
+
+
+def test_token_create_prints_a_verifiable_token(sqlite_url: str) -> None:
+    result = run_cli("token", "create", "--user", "ops", "--account", "acme", "--admin", "--ttl", "120", database_url=sqlite_url)
+    assert result.returncode == 0, result.stderr
+    token = result.stdout.strip()
+    caller = verify_token(base_settings(), token)
+    assert (caller.sub, caller.account, caller.role) == ("ops", "acme", "admin")
+    import jwt
+
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["exp"] - claims["iat"] == 120
+    assert claims["aud"] == "gpupool"
+
+
+def test_token_create_without_a_secret_fails_clearly(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [GPUPOOL, "token", "create", "--user", "u", "--account", "acme"],
+        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 1
+    assert "GPUPOOL_JWT_SECRET" in result.stderr

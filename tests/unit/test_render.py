@@ -1,0 +1,504 @@
+"""render(): golden files, option order, and hostile parameter values.
+
+Golden files live in tests/unit/golden/. To regenerate them after an intended
+change, run
+
+    GPUPOOL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_render.py
+
+review the diff, and run again without the variable. A golden that differs
+fails the test in both modes, so an update run never passes silently.
+
+Hostile values are not only inspected: the rendered script is run with bash
+(with a body that just prints the parameter), and its directives are read the
+way sbatch 22.05 reads them (src/sbatch/opt.c: ``_opt_batch_script``,
+``_opt_wrpr_batch_script``, ``_get_argument``), so a value that would smuggle
+an option to sbatch fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gpupool.errors import ValidationFailed
+from gpupool.render import JobSpec, RenderedJob, gres, render, sbatch_options
+from gpupool.templates import Template
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+UPDATE_GOLDEN = os.environ.get("GPUPOOL_UPDATE_GOLDEN") == "1"
+
+IMAGE = "nvcr.io#nvidia/pytorch:24.01-py3"
+OPERATOR_MOUNT = "/data:/data:ro"
+JOB_ID = "j-0123456789abcdef"
+JOB_DIR = f"/var/lib/gpupool/jobs/{JOB_ID}"
+RUNTIMES = ("none", "pyxis", "docker")
+
+# The body used to run hostile values: print the parameter, byte for byte, nothing else.
+PRINT_MESSAGE_BODY = "printf '%s' \"$GPUPOOL_PARAM_MESSAGE\"\n"
+
+BASH = "/bin/bash"
+
+
+def make_spec(template: Template, runtime: str = "none", **changes: object) -> JobSpec:
+    """The spec the goldens are made from; ``changes`` overrides any field."""
+    fields: dict[str, object] = dict(
+        job_id=JOB_ID,
+        account="acme",
+        name="hello world",
+        template="hello",
+        body=template.body,
+        params=template.validate_params({"message": "hi there", "seconds": 3}),
+        gpus=2,
+        gpu_type="rtx4090",
+        cpus=4,
+        mem_gb=16,
+        time_limit_min=30,
+        partition="gpu",
+        job_dir=JOB_DIR,
+        runtime=runtime,
+        container_image=None if runtime == "none" else IMAGE,
+        container_mounts=() if runtime == "none" else (OPERATOR_MOUNT,),
+    )
+    fields.update(changes)
+    return JobSpec(**fields)  # type: ignore[arg-type]
+
+
+# --- a model of how sbatch 22.05 reads a batch script ----------------------------------
+
+_C_SPACE = " \t\n\v\f\r"  # C isspace() in the C locale
+
+
+def sbatch_line_arguments(text: str) -> list[str]:
+    """The arguments sbatch's ``_get_argument`` loop takes from the rest of a directive line.
+
+    Backslash escapes the next character, '...' and "..." group, an unquoted '#'
+    ends the line, an unmatched quote is fatal (sbatch exits), and a leading ':'
+    is fatal too.
+    """
+    args: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in _C_SPACE:
+            i += 1
+        if i >= n:
+            return args
+        if text[i] == ":":
+            raise ValueError(f"sbatch: Unexpected `:` in [{text}]")
+        arg: list[str] = []
+        quoted, q_char, escaped, comment = False, "", False, False
+        while i < n and (quoted or text[i] not in _C_SPACE) and text[i] != "\n":
+            char = text[i]
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+                i += 1
+                continue
+            elif quoted:
+                if char == q_char:
+                    quoted = False
+                    i += 1
+                    continue
+            elif char in "\"'":
+                quoted, q_char = True, char
+                i += 1
+                continue
+            elif char == "#":
+                comment = True
+                break
+            arg.append(char)
+            i += 1
+        if quoted:
+            raise ValueError(f"sbatch: Unmatched `{q_char}` in [{text}]")
+        if not arg:
+            return args
+        args.append("".join(arg))
+        if comment:
+            return args
+
+
+def sbatch_script_directives(script: str) -> list[str]:
+    """Arguments of the #SBATCH / #SLURM lines sbatch reads: those before the first command."""
+    args: list[str] = []
+    for line in script.split("\n"):
+        if line.startswith("#SBATCH"):
+            args += sbatch_line_arguments(line[len("#SBATCH"):])
+        elif line.startswith("#SLURM"):
+            args += sbatch_line_arguments(line[len("#SLURM"):])
+        else:
+            stripped = line.lstrip(_C_SPACE)
+            if stripped and not stripped.startswith("#"):
+                break
+    return args
+
+
+def sbatch_wrapper_directives(script: str, argv: Sequence[str]) -> list[str]:
+    """Arguments sbatch takes from #BSUB / #PBS lines, which it reads *anywhere* in the
+    first hundred non-comment lines, unless ``--ignore-pbs`` is on its command line."""
+    if "--ignore-pbs" in argv:
+        return []
+    for magic in ("#BSUB", "#PBS"):
+        args: list[str] = []
+        found, non_comments = False, 0
+        for line in script.split("\n"):
+            if not line.startswith(magic):
+                if not line.startswith("#"):
+                    non_comments += 1
+                if non_comments > 100:
+                    break
+                continue
+            found = True
+            args += sbatch_line_arguments(line[len(magic):])
+        if found:
+            return args
+    return []
+
+
+def expected_script_directives(rendered: RenderedJob) -> list[str]:
+    return [opt for opt in rendered.options if not opt.startswith("--job-name=")]
+
+
+def lines_after_first_command(script: str) -> list[str]:
+    lines = script.split("\n")
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            return lines[index:]
+    return []
+
+
+# --- golden files ----------------------------------------------------------------------
+
+
+def check_golden(name: str, actual: str) -> None:
+    path = GOLDEN_DIR / name
+    expected = path.read_text() if path.exists() else None
+    if actual == expected:
+        return
+    if UPDATE_GOLDEN:
+        GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(actual)
+        pytest.fail(f"golden {path} rewritten; review the diff, then rerun without GPUPOOL_UPDATE_GOLDEN")
+    assert expected is not None, f"golden {path} is missing; create it with GPUPOOL_UPDATE_GOLDEN=1"
+    assert actual == expected, f"{name} differs from its golden file (GPUPOOL_UPDATE_GOLDEN=1 regenerates it)"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_golden_script(hello: Template, runtime: str) -> None:
+    rendered = render(make_spec(hello, runtime))
+    check_golden(f"hello-{runtime}.sbatch", rendered.script)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_golden_options(hello: Template, runtime: str) -> None:
+    rendered = render(make_spec(hello, runtime))
+    assert all("\n" not in opt for opt in rendered.options)
+    check_golden(f"hello-{runtime}.options", "".join(opt + "\n" for opt in rendered.options))
+
+
+def test_goldens_have_no_strays() -> None:
+    expected = {f"hello-{runtime}.{ext}" for runtime in RUNTIMES for ext in ("sbatch", "options")}
+    assert {path.name for path in GOLDEN_DIR.iterdir()} == expected
+
+
+# --- option order and shape ------------------------------------------------------------
+
+
+BASE_FLAGS = [
+    "--job-name",
+    "--account",
+    "--partition",
+    "--nodes",
+    "--ntasks",
+    "--cpus-per-task",
+    "--mem",
+    "--gres",
+    "--time",
+    "--chdir",
+    "--output",
+    "--error",
+    "--comment",
+]
+CONTAINER_FLAGS = ["--container-image", "--container-mounts", "--container-workdir"]
+
+
+def _flags(options: Sequence[str]) -> list[str]:
+    return [opt.split("=", 1)[0] for opt in options if opt != "--ignore-pbs"]
+
+
+@pytest.mark.parametrize(
+    ("runtime", "flags"),
+    [("none", BASE_FLAGS), ("pyxis", BASE_FLAGS + CONTAINER_FLAGS), ("docker", BASE_FLAGS)],
+)
+def test_option_order_is_fixed(hello: Template, runtime: str, flags: list[str]) -> None:
+    assert _flags(render(make_spec(hello, runtime)).options) == flags
+
+
+def test_option_values(hello: Template) -> None:
+    options = render(make_spec(hello, "pyxis")).options
+    values = {opt.split("=", 1)[0]: opt.split("=", 1)[1] for opt in options if "=" in opt}
+    assert values == {
+        "--job-name": "hello world",
+        "--account": "acme",
+        "--partition": "gpu",
+        "--nodes": "1",
+        "--ntasks": "1",
+        "--cpus-per-task": "4",
+        "--mem": "16G",
+        "--gres": "gpu:rtx4090:2",
+        "--time": "30",
+        "--chdir": JOB_DIR,
+        "--output": f"{JOB_DIR}/stdout.log",
+        "--error": f"{JOB_DIR}/stderr.log",
+        "--comment": f"gpupool:{JOB_ID}",
+        "--container-image": IMAGE,
+        "--container-mounts": f"{JOB_DIR}:{JOB_DIR},{OPERATOR_MOUNT}",
+        "--container-workdir": JOB_DIR,
+    }
+
+
+def test_options_are_sbatch_options(hello: Template) -> None:
+    spec = make_spec(hello, "pyxis")
+    assert render(spec).options == sbatch_options(spec)
+
+
+def test_output_paths(hello: Template) -> None:
+    rendered = render(make_spec(hello))
+    assert rendered.stdout_path == f"{JOB_DIR}/stdout.log"
+    assert rendered.stderr_path == f"{JOB_DIR}/stderr.log"
+
+
+HOSTILE_NAMES = ["hello world", "x\n#SBATCH --account=evil", "a'; echo foo", '"#SBATCH', "$(id)"]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
+def test_job_name_is_first_option_and_never_in_script(hello: Template, runtime: str, name: str) -> None:
+    rendered = render(make_spec(hello, runtime, name=name))
+    assert rendered.options[0] == f"--job-name={name}"
+    assert sum(opt.startswith("--job-name") for opt in rendered.options) == 1
+    assert "--job-name" not in rendered.script
+    assert "#SBATCH -J" not in rendered.script
+    if name != "hello world":
+        assert name not in rendered.script
+
+
+@pytest.mark.parametrize(
+    ("gpus", "gpu_type", "expected"),
+    [(1, None, "gpu:1"), (2, None, "gpu:2"), (2, "rtx4090", "gpu:rtx4090:2"), (4, "rtx4090", "gpu:rtx4090:4")],
+)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_gres(hello: Template, runtime: str, gpus: int, gpu_type: str | None, expected: str) -> None:
+    assert gres(gpus, gpu_type) == expected
+    rendered = render(make_spec(hello, runtime, gpus=gpus, gpu_type=gpu_type))
+    assert [opt for opt in rendered.options if opt.startswith("--gres")] == [f"--gres={expected}"]
+    assert [line for line in rendered.script.split("\n") if "--gres" in line] == [f"#SBATCH --gres={expected}"]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_no_sbatch_line_after_first_command(hello: Template, runtime: str) -> None:
+    script = render(make_spec(hello, runtime)).script
+    after = lines_after_first_command(script)
+    assert after[0] == "set -euo pipefail"
+    assert [line for line in after if line.lstrip().startswith("#SBATCH")] == []
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_directive_block_is_exactly_the_options(hello: Template, runtime: str) -> None:
+    rendered = render(make_spec(hello, runtime))
+    assert rendered.script.startswith("#!/bin/bash\n")
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+    assert sbatch_wrapper_directives(rendered.script, rendered.options) == []
+
+
+@pytest.mark.parametrize(
+    "mount",
+    ["/data/my files:/data:ro", "/data/#1:/d1:ro", '/data/q"uote:/q:ro', "/data/back\\slash:/b:ro", "/data/it's:/i"],
+)
+def test_directive_values_that_need_quoting_read_back_exactly(hello: Template, mount: str) -> None:
+    rendered = render(make_spec(hello, "pyxis", container_mounts=(mount,)))
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+
+
+@pytest.mark.parametrize("image", ["nvcr.io/x:1\n#SBATCH --account=evil", "img\rname", "a\x00b"])
+def test_directive_value_with_line_break_or_nul_is_refused(hello: Template, image: str) -> None:
+    with pytest.raises(ValueError, match="single line"):
+        render(make_spec(hello, "pyxis", container_image=image))
+
+
+def test_render_is_pure(hello: Template, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    spec = make_spec(hello, "docker")
+    first = render(spec)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SBATCH_ACCOUNT", "evil")
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    assert render(spec) == first
+    assert render(dataclasses.replace(spec)) == first
+
+
+def test_docker_body_is_a_quoted_heredoc(hello: Template) -> None:
+    script = render(make_spec(hello, "docker")).script
+    lines = script.split("\n")
+    opener = next(line for line in lines if "<<'" in line)
+    delimiter = opener.rsplit("<<'", 1)[1].rstrip("'")
+    assert delimiter.startswith("GPUPOOL_BODY_")
+    assert lines.count(delimiter) == 1
+    body_lines = lines[lines.index(opener) + 1 : lines.index(delimiter)]
+    assert body_lines == ["set -euo pipefail", *hello.body.rstrip("\n").split("\n")]
+    # Parameter values reach the container by name only, never on the docker command line.
+    assert "  --env GPUPOOL_PARAM_MESSAGE \\" in lines
+    assert "hi there" not in "\n".join(lines[lines.index("# ---- template hello ----") :])
+
+
+# --- hostile parameter values --------------------------------------------------------
+
+SENTINEL = "@SENTINEL@"  # replaced by a unique path per test
+
+
+def _one_megabyte() -> str:
+    chunk = f"$(touch {SENTINEL})`touch {SENTINEL}`'\"\\\n#SBATCH --account=evil\n"
+    text = chunk * (1_048_576 // len(chunk) + 1)
+    return text[:1_048_576]
+
+
+HOSTILE_VALUES = {
+    "quote-echo": "a'; echo foo",
+    "quote-touch": f"a'; touch {SENTINEL}; '",
+    "newline-zero": "a\n0",
+    "sbatch-line": "x\n#SBATCH --account=evil",
+    "command-subst": f"$(touch {SENTINEL})",
+    "backticks": f"`touch {SENTINEL}`",
+    "double-quote": '"',
+    "pipe": "a|b",
+    "hash": "#",
+    "backslash": "\\",
+    "single-quote": "'",
+    "unicode": "h\u00e9llo w\u00f6rld \u2713 \U0001f680 \u202eevil \u0301 \u65e5\u672c",
+    "empty": "",
+    "trailing-newlines": "end\n\n",
+    "dash-n": "-n",
+    "format": "%s%n%d%%",
+    "expansions": "${IFS}$HOME*?[a]~ !! {a,b}",
+    "controls": "\r\n\t\x1b[31m\x01\x7f",
+    "pbs-line": "x\n#PBS -t 1-1000 #",
+    "bsub-line": "x\n#BSUB -q evil #",
+    "one-megabyte": _one_megabyte(),
+}
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Path:
+    return tmp_path / f"pwned-{uuid.uuid4().hex}"
+
+
+def _hostile_spec(value: str, runtime: str = "none") -> JobSpec:
+    return JobSpec(
+        job_id=JOB_ID,
+        account="acme",
+        name="hostile",
+        template="hello",
+        body=PRINT_MESSAGE_BODY,
+        params={"message": value, "seconds": 0},
+        gpus=1,
+        gpu_type=None,
+        cpus=1,
+        mem_gb=4,
+        time_limit_min=5,
+        partition="gpu",
+        job_dir=JOB_DIR,
+        runtime=runtime,
+        container_image=None if runtime == "none" else IMAGE,
+        container_mounts=() if runtime == "none" else (OPERATOR_MOUNT,),
+    )
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES.values(), ids=HOSTILE_VALUES.keys())
+def test_hostile_value_reaches_the_job_verbatim(value: str, sentinel: Path, tmp_path: Path) -> None:
+    value = value.replace(SENTINEL, str(sentinel))
+    script = render(_hostile_spec(value)).script
+    assert script.endswith("\n" + PRINT_MESSAGE_BODY)
+    path = tmp_path / "job.sbatch"
+    path.write_bytes(script.encode("utf-8"))
+    result = subprocess.run(
+        [BASH, str(path)],
+        capture_output=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C", "HOME": str(tmp_path)},
+        timeout=30,
+        check=False,
+    )
+    assert result.stderr == b""
+    assert result.returncode == 0
+    assert result.stdout == value.encode("utf-8")
+    assert not sentinel.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sbatch"]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("value", HOSTILE_VALUES.values(), ids=HOSTILE_VALUES.keys())
+def test_hostile_value_creates_no_sbatch_directive(value: str, runtime: str) -> None:
+    rendered = render(_hostile_spec(value, runtime))
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+    assert sbatch_wrapper_directives(rendered.script, rendered.options) == []
+
+
+def test_param_types_reach_the_job_as_shell_words(tmp_path: Path) -> None:
+    spec = dataclasses.replace(
+        _hostile_spec(""),
+        params={"flag": True, "off": False, "lr": 0.0003, "n": 5, "big": 1e20},
+        body='printf "%s|" "$GPUPOOL_PARAM_FLAG" "$GPUPOOL_PARAM_OFF" "$GPUPOOL_PARAM_LR" '
+        '"$GPUPOOL_PARAM_N" "$GPUPOOL_PARAM_BIG" "$GPUPOOL_JOB_ID" "$GPUPOOL_TEMPLATE"\n',
+    )
+    path = tmp_path / "job.sbatch"
+    path.write_text(render(spec).script)
+    result = subprocess.run([BASH, str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == f"true|false|0.0003|5|1e+20|{JOB_ID}|hello|"
+
+
+def test_exports_are_sorted_by_param_name() -> None:
+    spec = dataclasses.replace(_hostile_spec(""), params={"zeta": 1, "alpha": 2, "mid": 3})
+    exports = [line for line in render(spec).script.split("\n") if line.startswith("export ")]
+    assert exports == [
+        f"export GPUPOOL_JOB_ID={JOB_ID}",
+        f"export GPUPOOL_JOB_DIR={JOB_DIR}",
+        "export GPUPOOL_TEMPLATE=hello",
+        "export GPUPOOL_PARAM_ALPHA=2",
+        "export GPUPOOL_PARAM_MID=3",
+        "export GPUPOOL_PARAM_ZETA=1",
+    ]
+
+
+# --- validation in front of render ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["a\x00b", "\x00", "ok" * 10 + "\x00"])
+def test_hello_rejects_nul(hello: Template, value: str) -> None:
+    with pytest.raises(ValidationFailed) as info:
+        hello.validate_params({"message": value})
+    assert info.value.details["errors"] == [
+        {"field": "params.message", "message": "Value error, must not contain NUL bytes"}
+    ]
+
+
+def test_hello_rejects_overlong_message(hello: Template) -> None:
+    assert hello.validate_params({"message": "x" * 65536})["message"] == "x" * 65536
+    with pytest.raises(ValidationFailed) as info:
+        hello.validate_params({"message": "x" * 65537})
+    assert info.value.details["errors"] == [
+        {"field": "params.message", "message": "String should have at most 65536 characters"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", [key for key in HOSTILE_VALUES if key != "one-megabyte"]
+)
+def test_hello_accepts_hostile_but_valid_messages(hello: Template, name: str) -> None:
+    value = HOSTILE_VALUES[name]
+    assert hello.validate_params({"message": value}) == {"message": value, "seconds": 0}
