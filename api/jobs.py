@@ -11,6 +11,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request, url_for
 from pydantic import ValidationError
 from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
 
 from api.context import db_session, principal, state
 from api.schemas import JobOut, SubmitRequest
@@ -120,11 +121,20 @@ def _visible_job(job_id: str) -> Job:
     return job
 
 
-def _refresh_if_unfinished(*jobs: Job) -> None:
-    if any(not job.finished for job in jobs) and state().refresher.maybe_refresh():
-        session = db_session()
-        for job in jobs:
-            session.refresh(job)
+def _refresh_states(session: Session) -> bool:
+    """Run the shared refresh if it is due; True when states may have changed.
+
+    The request's read transaction ends first: no transaction stays open while
+    Slurm answers, and the refresher's own commit is then visible to re-reads.
+    """
+    session.commit()
+    return state().refresher.maybe_refresh()
+
+
+def _refresh_if_unfinished(job: Job) -> None:
+    session = db_session()
+    if not job.finished and _refresh_states(session):
+        session.refresh(job)
 
 
 @jobs_bp.get("/jobs/<job_id>")
@@ -178,7 +188,7 @@ def list_jobs() -> Response:
         created, job_id = _decode_cursor(cursor)
         query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
     unfinished_exists = session.scalars(query.where(Job.finished.is_(False)).limit(1)).first()
-    if unfinished_exists is not None and state().refresher.maybe_refresh():
+    if unfinished_exists is not None and _refresh_states(session):
         session.expire_all()
     if state_filter:
         query = query.where(Job.state.in_(wanted))
