@@ -72,13 +72,16 @@ def create_app(
         app=app,
         storage_uri=settings.ratelimit_storage_uri,
         default_limits=[settings.ratelimit_default],
-        headers_enabled=True,
+        # X-RateLimit-* headers cost a store round trip on every request;
+        # a 429 still carries Retry-After (api.errors).
+        headers_enabled=False,
         swallow_errors=False,
         in_memory_fallback_enabled=False,
         strategy="fixed-window",
         key_prefix="gpupool",
     )
-    limiter.limit(lambda: settings.ratelimit_submit, override_defaults=False)(submit_bp)
+    # Submits have their own budget; other requests share the default one.
+    limiter.limit(lambda: settings.ratelimit_submit)(submit_bp)
     limiter.exempt(meta_bp)
     app.extensions["gpupool_limiter"] = limiter
 

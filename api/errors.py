@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
 from typing import Any
 
 import limits.errors
 import redis.exceptions
-from flask import Flask, Response, jsonify
+from flask import Flask, Response, current_app, jsonify
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
@@ -57,6 +59,14 @@ def status_for(error: e.GpupoolError) -> int:
     return next((status for cls, status in STATUS_BY_ERROR if isinstance(error, cls)), 500)
 
 
+def _retry_after_s() -> int:
+    """Seconds until the breached window resets (asked of the store only on a 429)."""
+    limit = current_app.extensions["gpupool_limiter"].current_limit
+    if limit is None:
+        return 1
+    return max(1, math.ceil(limit.reset_at - time.time()))
+
+
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(e.GpupoolError)
     def _gpupool_error(error: e.GpupoolError) -> Response:
@@ -77,10 +87,11 @@ def register_error_handlers(app: Flask) -> None:
         if status == 429:
             message = f"rate limit exceeded ({error.description}); retry later"
         response = error_response(status, code, message)
-        # Keep what werkzeug or the limiter put there: Allow on 405, Retry-After on 429.
-        for header, value in error.get_response().headers.items():
-            if header.lower() in ("allow", "retry-after"):
-                response.headers[header] = value
+        if status == 429:
+            response.headers["Retry-After"] = str(_retry_after_s())
+        allow = error.get_response().headers.get("Allow")
+        if allow:
+            response.headers["Allow"] = allow
         return response
 
     @app.errorhandler(OperationalError)

@@ -127,8 +127,11 @@ def _refresh_states(session: Session) -> bool:
     The request's read transaction ends first: no transaction stays open while
     Slurm answers, and the refresher's own commit is then visible to re-reads.
     """
+    refresher = state().refresher
+    if not refresher.due():
+        return False
     session.commit()
-    return state().refresher.maybe_refresh()
+    return refresher.maybe_refresh()
 
 
 def _refresh_if_unfinished(job: Job) -> None:

@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=int, default=30)
     parser.add_argument("--connections", type=int, default=200)
-    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:

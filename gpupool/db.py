@@ -79,7 +79,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.close()
 
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
+    # No pre-ping: it costs a round trip per request. A connection that died with
+    # the server fails one request (503) and SQLAlchemy then recycles the pool.
     kwargs.setdefault("connect_args", {"connect_timeout": 5})
     return create_engine(url, **kwargs)
 

@@ -88,6 +88,10 @@ class JobStateRefresher:
         except IntegrityError:
             return now  # another process created the lease first and holds it
 
+    def due(self) -> bool:
+        """False while this process knows another holds the lease: no database call needed."""
+        return utcnow() >= self._not_before
+
     def maybe_refresh(self) -> bool:
         """Refresh if this interval's lease is free; True if this call ran the refresh."""
         now = utcnow()

@@ -8,10 +8,11 @@ OpenAPI document.
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -42,9 +43,14 @@ class Template:
     max_gpus: int | None
     default_gpus: int
     params_model: type[BaseModel]
+    _schema: dict[str, Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Generating a JSON schema costs milliseconds; templates are immutable once loaded.
+        object.__setattr__(self, "_schema", self.params_model.model_json_schema())
 
     def parameter_schema(self) -> dict[str, Any]:
-        return self.params_model.model_json_schema()
+        return copy.deepcopy(self._schema)
 
     def validate_params(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         try:
