@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 include deploy/cluster.mk
 
-.PHONY: venv services run test test-unit bench clean
+.PHONY: venv services run test test-unit lint bench clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -29,6 +29,12 @@ test: venv services cluster
 # Pure tests only: no cluster, no database.
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+# Every function annotated, imports sorted, types checked.
+lint: venv
+	$(VENV)/bin/pip install -q -e '.[dev,lint]'
+	$(VENV)/bin/ruff check gpupool gpupool_cli api billing tests bench
+	$(VENV)/bin/mypy gpupool gpupool_cli api billing
 
 bench: venv services cluster
 	$(VENV)/bin/python bench/submit.py

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
+from sqlalchemy import text
 
 from api.context import state
 from api.errors import error_response
 from api.openapi import openapi_document
 from api.schemas import TemplateOut
-from sqlalchemy import text
-
 from gpupool.errors import ServiceUnavailable
 
 meta_bp = Blueprint("meta", __name__)

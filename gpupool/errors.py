@@ -28,7 +28,7 @@ The API maps this tree to HTTP status codes in exactly one place
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -64,7 +64,7 @@ class BadRequest(RequestError):
 class UnknownFields(BadRequest):
     code = "unknown_fields"
 
-    def __init__(self, unknown: Sequence[str], valid: Sequence[str]) -> None:
+    def __init__(self, unknown: Iterable[str], valid: Iterable[str]) -> None:
         super().__init__(
             f"unknown field(s) {', '.join(sorted(unknown))}; "
             f"valid fields are {', '.join(sorted(valid))}",

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from gpupool.db import utcnow
 from gpupool.errors import SlurmUnavailable
@@ -116,26 +115,37 @@ class JobStateRefresher:
         return True
 
     def refresh(self, now: dt.datetime | None = None) -> None:
+        """Read Slurm once for every unfinished job and store what it says.
+
+        Slurm is asked between two short transactions, never inside one: no
+        database transaction waits on squeue or sacct.
+        """
         now = now or utcnow()
+        with self._sessions() as session:
+            rows = session.execute(select(Job.id, Job.slurm_job_id).where(Job.finished.is_(False))).all()
+        tracked = {job_id: slurm_id for job_id, slurm_id in rows}
+        if not tracked:
+            return
+        queue = self._slurm.queue()
+        by_tag = {entry.comment: entry for entry in queue.values() if entry.comment.startswith("gpupool:")}
+        # squeue no longer lists it (past MinJobAge) or lists it as ended: sacct has the final word.
+        ended_or_forgotten = [
+            slurm_id
+            for slurm_id in tracked.values()
+            if slurm_id is not None and (slurm_id not in queue or queue[slurm_id].state in TERMINAL_STATES)
+        ]
+        records = self._slurm.accounting(ended_or_forgotten)
         with self._sessions() as session, session.begin():
-            unfinished = list(session.scalars(select(Job).where(Job.finished.is_(False))))
-            if not unfinished:
-                return
-            queue = self._slurm.queue()
-            by_tag = {entry.comment: entry for entry in queue.values() if entry.comment.startswith("gpupool:")}
-            needs_accounting: list[Job] = []
-            for job in unfinished:
+            for job in session.scalars(select(Job).where(Job.id.in_(list(tracked)), Job.finished.is_(False))):
                 if job.slurm_job_id is None:
                     self._resolve_submission(job, by_tag.get(job.tag), now)
                     continue
                 entry = queue.get(job.slurm_job_id)
                 if entry is not None and entry.comment in ("", job.tag):
                     _apply_queue(job, entry)
-                    if entry.state in TERMINAL_STATES:
-                        needs_accounting.append(job)
-                else:
-                    needs_accounting.append(job)
-            self._apply_accounting(session, needs_accounting)
+                record = records.get(job.slurm_job_id)
+                if record is not None and (entry is None or entry.state in TERMINAL_STATES):
+                    _apply_accounting(job, record)
 
     def _resolve_submission(self, job: Job, entry: QueueEntry | None, now: dt.datetime) -> None:
         if entry is not None:
@@ -146,13 +156,3 @@ class JobStateRefresher:
         if job.state == SUBMITTING and now - attempted > self.submission_grace:
             job.state, job.reason, job.finished = "FAILED", SUBMISSION_LOST, True
             job.ended_at = now
-
-    def _apply_accounting(self, session: Session, jobs: Iterable[Job]) -> None:
-        jobs = list(jobs)
-        if not jobs:
-            return
-        records = self._slurm.accounting(job.slurm_job_id for job in jobs if job.slurm_job_id is not None)
-        for job in jobs:
-            record = records.get(job.slurm_job_id) if job.slurm_job_id is not None else None
-            if record is not None:
-                _apply_accounting(job, record)

@@ -257,7 +257,7 @@ class SlurmClient:
             self._command(
                 "sacctmgr", ["--immediate", "add", "account", name, f"description=gpupool customer {name}", "organization=gpupool"]
             )
-        if not self._sacctmgr_rows(["show", "association", f"where", f"account={name}", f"user={user}", "format=user"]):
+        if not self._sacctmgr_rows(["show", "association", "where", f"account={name}", f"user={user}", "format=user"]):
             self._command("sacctmgr", ["--immediate", "add", "user", user, f"account={name}"])
         limit = "-1" if gpu_limit is None else str(gpu_limit)
         result = self._command(

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+)
 
 from gpupool.errors import ConfigError, ValidationFailed
 
@@ -103,7 +110,7 @@ def _param_field(template: str, name: str, spec: Mapping[str, Any]) -> tuple[Any
     for bound in ("minimum", "maximum"):
         if bound in spec:
             constraints["ge" if bound == "minimum" else "le"] = spec[bound]
-    default = spec["default"] if "default" in spec else ...
+    default = spec.get("default", ...)
     if "choices" not in spec:
         constraints["strict"] = True  # "5" is not 5 and true is not 1.0; a Literal is exact already
     return annotation, Field(default, **constraints)

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from gpupool import db
 from gpupool.config import Settings, load_settings
-from gpupool.errors import ConfigError, GpupoolError
+from gpupool.errors import GpupoolError
 from gpupool.models import Account
 from gpupool.slurm import SlurmClient
 from gpupool.tokens import create_token

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 import jwt
 import pytest
 from flask.testing import FlaskClient
+from sqlalchemy.orm import sessionmaker
+from werkzeug.test import TestResponse
 
 from gpupool.config import Settings
+from gpupool.slurm import SlurmClient
 from gpupool.tokens import create_token
 from tests.conftest import bearer, create_app_for_tests, slurm_cmd
 
 HELLO = {"template": "hello", "gpus": 1, "params": {"message": "hi", "seconds": 0}}
 
 
-def assert_error(response, status: int, code: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+def assert_error(response: TestResponse, status: int, code: str | None = None) -> dict:
     assert response.status_code == status, response.get_data(as_text=True)
     body = response.get_json()
     assert set(body) >= {"error", "message"}
@@ -48,7 +52,9 @@ def claims(settings: Settings, account: str, **changes: object) -> dict:
         pytest.param(lambda s, a: {"Authorization": "Bearer " + jwt.encode(claims(s, a, aud=None), s.jwt_secret, algorithm="HS256")}, id="no-aud"),
     ],
 )
-def test_bad_tokens_get_401(client: FlaskClient, settings: Settings, account: str, make_header) -> None:  # type: ignore[no-untyped-def]
+def test_bad_tokens_get_401(
+    client: FlaskClient, settings: Settings, account: str, make_header: Callable[[Settings, str], dict[str, str]]
+) -> None:
     for method, path in (("get", "/jobs"), ("post", "/submit")):
         response = getattr(client, method)(path, headers=make_header(settings, account), json=HELLO)
         assert_error(response, 401)
@@ -124,7 +130,9 @@ def test_inference_template_is_limited_to_one_gpu(client: FlaskClient, auth: dic
     assert "at most 1" in assert_error(client.post("/submit", headers=auth, json=body), 422)["message"]
 
 
-def test_container_image_must_be_on_the_allowlist(settings: Settings, slurm, session_factory, account: str) -> None:  # type: ignore[no-untyped-def]
+def test_container_image_must_be_on_the_allowlist(
+    settings: Settings, slurm: SlurmClient, session_factory: sessionmaker, account: str
+) -> None:
     pyxis = settings.replace(container_runtime="pyxis", container_allowlist=("nvcr.io#nvidia/*",))
     client = create_app_for_tests(pyxis, slurm, session_factory).test_client()
     body = {**HELLO, "container_image": "docker.io/evil/miner:latest"}

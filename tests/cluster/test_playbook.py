@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ RECAP_LINE = re.compile(
 )
 
 
-def run(argv: list[str], **kwargs) -> str:
+def run(argv: list[str], **kwargs: Any) -> str:
     completed = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **kwargs)
     assert completed.returncode == 0, f"{argv} failed:\n{completed.stdout}\n{completed.stderr}"
     return completed.stdout

@@ -21,7 +21,7 @@ import pytest
 
 from gpupool import db
 from gpupool.models import Account
-from tests.conftest import JWT_SECRET, REPO, REDIS_URL, create_database, drop_database
+from tests.conftest import JWT_SECRET, REDIS_URL, REPO, create_database, drop_database
 
 BIN = Path(sys.executable).parent
 SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr")

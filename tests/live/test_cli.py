@@ -45,7 +45,7 @@ def test_account_create_makes_the_slurm_account_association_and_gpu_limit(sqlite
     assert created.returncode == 0, created.stderr
     assert f"account {new_account} created" in created.stdout
 
-    rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", f"where", f"account={new_account}", "format=account,user,grptres").split()
+    rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres").split()
     assert f"{new_account}||gres/gpu=2" in rows
     assert f"{new_account}|root|" in rows
 

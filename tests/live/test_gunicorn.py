@@ -211,3 +211,50 @@ def test_service_refuses_an_unmigrated_database(start_server: Callable[..., Serv
     server = start_server(database_url=empty, wait=False, workers=1)
     assert server.process.wait(timeout=60) != 0
     assert "run `gpupool db upgrade` first" in server.log()
+
+
+def _slurmctld_service(action: str) -> None:
+    # The playbook's stand-in for systemd where systemd is not PID 1.
+    helper = Path("/usr/local/sbin/gpupool-daemon")
+    argv = [str(helper), action, "slurmctld"] if helper.exists() else ["systemctl", action, "slurmctld"]
+    slurm_cmd(*argv)
+
+
+@pytest.fixture
+def stoppable_slurmctld() -> Iterator[Callable[[str], None]]:
+    try:
+        yield _slurmctld_service
+    finally:
+        _slurmctld_service("start")
+        wait_for(lambda: "UP" in slurm_cmd("scontrol", "ping", check=False), what="slurmctld to answer again")
+        wait_for(
+            lambda: slurm_cmd("sinfo", "-h", "-o", "%t").strip() in ("idle", "mix", "alloc"),
+            what="the node to be back in service",
+        )
+
+
+def test_stopped_slurmctld_gives_503_then_works_without_a_restart(
+    start_server: Callable[..., Server], settings: Settings, slurm_account: str,
+    stoppable_slurmctld: Callable[[str], None],
+) -> None:
+    server = start_server(workers=1)
+    token = token_for(settings, slurm_account)
+    assert http("POST", server.url + "/submit", token=token, body=HELLO).status == 201
+    stoppable_slurmctld("stop")
+    reply = http("POST", server.url + "/submit", token=token, body=HELLO, timeout_s=15)
+    assert reply.status == 503, reply.body
+    assert reply.body["error"].startswith("slurm")
+    assert reply.headers["Retry-After"] == "5"
+    listed = http("GET", server.url + "/jobs", token=token)
+    assert listed.status == 200  # known states are still served while Slurm is away
+
+    stoppable_slurmctld("start")
+    accepted = wait_for(
+        lambda: (r := http("POST", server.url + "/submit", token=token, body=HELLO)).status == 201 and r,
+        what="submits to work again",
+    )
+    done = wait_for(
+        lambda: (b := http("GET", f"{server.url}/jobs/{accepted.body['job_id']}", token=token).body)["state"] == "COMPLETED" and b,
+        what="the new job to complete",
+    )
+    assert done["exit_code"] == 0

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpupool.errors import CommandFailed, CommandNotFound, CommandTimedOut, SlurmUnavailable
+from gpupool.errors import (
+    CommandFailed,
+    CommandNotFound,
+    CommandTimedOut,
+    SlurmUnavailable,
+)
 from gpupool.proc import minimal_env, run_command
 
 SH = "/bin/sh"
@@ -84,14 +91,14 @@ def test_string_argv_refused(argv: str) -> None:
         run_command(argv, timeout_s=5)  # type: ignore[arg-type]
 
 
-def test_arguments_are_not_shell_words(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_arguments_are_not_shell_words(tmp_path: Path) -> None:
     target = tmp_path / "pwned"
     result = run_command(["/bin/echo", f"$(touch {target})", ";", "|"], timeout_s=5)
     assert result.stdout == f"$(touch {target}) ; |\n"
     assert not target.exists()
 
 
-def _child_env(**kwargs) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def _child_env(**kwargs: Any) -> dict[str, str]:
     output = run_command([ENV], timeout_s=5, **kwargs).stdout
     return dict(line.split("=", 1) for line in output.splitlines())
 

@@ -19,10 +19,18 @@ Provenance of the literals (Slurm 22.05.8 on the local one-node cluster, TZ=UTC)
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 import pytest
 
-from gpupool.slurm import AccountingEntry, GpuInventory, QueueEntry, parse_accounting, parse_inventory, parse_queue
+from gpupool.slurm import (
+    AccountingEntry,
+    GpuInventory,
+    QueueEntry,
+    parse_accounting,
+    parse_inventory,
+    parse_queue,
+)
 from gpupool.slurm_parse import (
     GresEntry,
     ParseError,
@@ -341,7 +349,7 @@ def test_parse_inventory_keys_on_header() -> None:
 
 @pytest.mark.parametrize("text", ["", "\n", "  \n\n"])
 @pytest.mark.parametrize("parse", [parse_delimited, parse_queue, parse_accounting, parse_inventory])
-def test_no_header_line(parse, text: str) -> None:  # type: ignore[no-untyped-def]
+def test_no_header_line(parse: Callable[[str], object], text: str) -> None:
     with pytest.raises(ParseError, match="no header line"):
         parse(text)
 
@@ -355,7 +363,7 @@ def test_no_header_line(parse, text: str) -> None:  # type: ignore[no-untyped-de
     ],
     ids=["squeue", "sacct", "sinfo"],
 )
-def test_headerless_output_is_a_parse_error(parse, text: str) -> None:  # type: ignore[no-untyped-def]
+def test_headerless_output_is_a_parse_error(parse: Callable[[str], object], text: str) -> None:
     # Output without its header row must not be read as "no jobs" / "no GPUs".
     with pytest.raises(ParseError):
         parse(text)
