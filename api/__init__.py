@@ -11,7 +11,7 @@ from flask_limiter import Limiter
 from sqlalchemy.orm import sessionmaker
 
 from api.auth import authenticate, rate_limit_key
-from api.context import AppState, InventoryCache, close_db_session
+from api.context import AppState, TimedCache, close_db_session
 from api.errors import register_error_handlers
 from api.jobs import jobs_bp, submit_bp
 from api.meta import meta_bp, templates_bp
@@ -59,7 +59,9 @@ def create_app(
             interval_s=settings.refresh_interval_s,
             submission_grace_s=settings.slurm_submit_timeout_s * 4 + 30,
         ),
-        inventory=InventoryCache(slurm, settings.cluster_shape_ttl_s),
+        inventory=TimedCache(slurm.gpu_inventory, settings.cluster_shape_ttl_s, keep_stale=True),
+        # Load balancers probe /readyz often; Slurm hears from each worker at most every 2 s.
+        slurm_ping=TimedCache(slurm.ping, 2.0, error_ttl_s=2.0),
         verification_key=verification_key(settings),
     )
     register_error_handlers(app)

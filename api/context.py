@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from flask import current_app, g
 from sqlalchemy.orm import Session, sessionmaker
@@ -16,27 +18,39 @@ from gpupool.slurm import GpuInventory, SlurmClient
 from gpupool.templates import Template
 from gpupool.tokens import Principal
 
+T = TypeVar("T")
 
-@dataclass
-class InventoryCache:
-    """The cluster's GPU shape, read from sinfo at most once per TTL per process."""
 
-    slurm: SlurmClient
-    ttl_s: float
-    _value: GpuInventory | None = None
-    _read_at: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+class TimedCache(Generic[T]):
+    """``fetch``'s last value for ``ttl_s``, its last SlurmUnavailable for ``error_ttl_s``, per process.
 
-    def get(self) -> GpuInventory:
+    With ``keep_stale``, a failed refresh serves the last good value instead:
+    better a minute-old cluster shape than refusing every submit while Slurm blinks.
+    """
+
+    def __init__(self, fetch: Callable[[], T], ttl_s: float, *, error_ttl_s: float = 0.0, keep_stale: bool = False) -> None:
+        self._fetch = fetch
+        self._ttl_s = ttl_s
+        self._error_ttl_s = error_ttl_s
+        self._keep_stale = keep_stale
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self._error: SlurmUnavailable | None = None
+        self._read_at = -float("inf")
+
+    def get(self) -> T:
         with self._lock:
-            if self._value is None or time.monotonic() - self._read_at > self.ttl_s:
+            ttl = self._error_ttl_s if self._error is not None else self._ttl_s
+            if time.monotonic() - self._read_at >= ttl:
                 try:
-                    self._value = self.slurm.gpu_inventory()
-                    self._read_at = time.monotonic()
-                except SlurmUnavailable:
-                    if self._value is None:
-                        raise
-                    # A stale shape is better than refusing every submit while Slurm blinks.
+                    self._value, self._error = self._fetch(), None
+                except SlurmUnavailable as exc:
+                    if not (self._keep_stale and self._value is not None):
+                        self._value, self._error = None, exc
+                self._read_at = time.monotonic()
+            if self._error is not None:
+                raise self._error
+            assert self._value is not None
             return self._value
 
 
@@ -47,7 +61,8 @@ class AppState:
     session_factory: sessionmaker
     templates: dict[str, Template]
     refresher: JobStateRefresher
-    inventory: InventoryCache
+    inventory: TimedCache[GpuInventory]
+    slurm_ping: TimedCache[bool]
     verification_key: str
 
 

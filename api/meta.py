@@ -31,7 +31,7 @@ def readyz() -> Response:
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         checks["database"] = f"unavailable: {type(exc).__name__}"
     try:
-        app.slurm.ping()
+        app.slurm_ping.get()
         checks["slurm"] = "ok"
     except ServiceUnavailable as exc:
         checks["slurm"] = f"unavailable: {exc.message}"

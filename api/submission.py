@@ -131,7 +131,10 @@ def _write_script(app: AppState, job: Job) -> tuple[Path, tuple[str, ...]]:
     """Write the job's script; return its path and the sbatch options to submit it with."""
     rendered = render(_spec(app, job))
     job_dir = Path(job.job_dir)
-    job_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+    # Logs may hold customer data: no folder on the way is world-readable.
+    job_dir.parent.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    for folder in (job_dir.parent, job_dir):
+        folder.mkdir(mode=0o750, exist_ok=True)
     script_path = job_dir / "job.sbatch"
     script_path.write_text(rendered.script)
     os.chmod(script_path, 0o640)

@@ -230,10 +230,12 @@ class SlurmClient:
     def cancel(self, slurm_job_id: int) -> None:
         self._command("scancel", [str(slurm_job_id)])
 
-    def ping(self) -> None:
+    def ping(self) -> bool:
+        """True when slurmctld answers; SlurmUnavailable saying why when it does not."""
         result = self._command("scontrol", ["ping"], check=False)
         if "UP" not in result.stdout:
             raise SlurmUnavailable(f"slurmctld is not answering: {result.stdout.strip() or result.stderr.strip()}")
+        return True
 
     def gpu_inventory(self) -> GpuInventory:
         result = self._command(

@@ -102,3 +102,30 @@ def test_token_create_without_a_secret_fails_clearly(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "GPUPOOL_JWT_SECRET" in result.stderr
+
+
+def test_serve_runs_the_development_server(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/serve.db"
+    assert run_cli("db", "upgrade", database_url=url).returncode == 0
+    from tests.live.conftest import free_port, http
+
+    port = free_port()
+    env = {"PATH": "/usr/bin:/bin", "GPUPOOL_DATABASE_URL": url, "GPUPOOL_JWT_SECRET": JWT_SECRET,
+           "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates")}
+    server = subprocess.Popen([GPUPOOL, "serve", "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def answers() -> bool:
+            try:
+                return http("GET", f"http://127.0.0.1:{port}/healthz", timeout_s=2).status == 200
+            except OSError:
+                return False
+
+        from tests.conftest import wait_for
+
+        wait_for(answers, timeout_s=30, what="gpupool serve to answer")
+        ready = http("GET", f"http://127.0.0.1:{port}/readyz")
+        assert ready.status == 200 and ready.body["checks"] == {"database": "ok", "slurm": "ok"}
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
