@@ -37,6 +37,7 @@ lint: venv
 	$(VENV)/bin/mypy gpupool gpupool_cli api billing
 
 bench: venv services cluster
+	command -v wrk >/dev/null || apt-get install -y -qq wrk
 	$(VENV)/bin/python bench/submit.py
 	$(VENV)/bin/python bench/poll.py
 

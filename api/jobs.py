@@ -154,21 +154,32 @@ def _encode_cursor(job: Job) -> str:
 def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
     try:
         created, _, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        return dt.datetime.fromisoformat(created), job_id
+        created_at = dt.datetime.fromisoformat(created)
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         raise BadRequest("cursor is not one this API issued") from exc
+    if created_at.tzinfo is None or not job_id:
+        raise BadRequest("cursor is not one this API issued")
+    return created_at, job_id
+
+
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise BadRequest(f"{name} must be an integer") from exc
+    if not low <= value <= high:
+        raise BadRequest(f"{name} must be between {low} and {high}")
+    return value
 
 
 @jobs_bp.get("/jobs")
 def list_jobs() -> Response:
     caller = principal()
     session = db_session()
-    try:
-        limit = int(request.args.get("limit", 50))
-    except ValueError as exc:
-        raise BadRequest("limit must be an integer") from exc
-    if not 1 <= limit <= MAX_PAGE:
-        raise BadRequest(f"limit must be between 1 and {MAX_PAGE}")
+    limit = _int_arg("limit", 50, 1, MAX_PAGE)
     query = select(Job)
     account = request.args.get("account")
     if caller.is_admin and account:
@@ -185,7 +196,6 @@ def list_jobs() -> Response:
             )
         if "PENDING" in wanted:
             wanted.add(SUBMITTING)
-        # The filter runs after the refresh so it sees current states.
     cursor = request.args.get("cursor")
     if cursor:
         created, job_id = _decode_cursor(cursor)
@@ -193,7 +203,7 @@ def list_jobs() -> Response:
     unfinished_exists = session.scalars(query.where(Job.finished.is_(False)).limit(1)).first()
     if unfinished_exists is not None and _refresh_states(session):
         session.expire_all()
-    if state_filter:
+    if state_filter:  # applied after the refresh, so it sees current states
         query = query.where(Job.state.in_(wanted))
     rows = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
     page, more = rows[:limit], len(rows) > limit
@@ -244,12 +254,7 @@ def job_logs(job_id: str) -> Response:
     stream = request.args.get("stream", "stdout")
     if stream not in ("stdout", "stderr"):
         raise BadRequest("stream must be stdout or stderr")
-    try:
-        lines = int(request.args.get("tail", 100))
-    except ValueError as exc:
-        raise BadRequest("tail must be an integer") from exc
-    if not 1 <= lines <= MAX_LOG_LINES:
-        raise BadRequest(f"tail must be between 1 and {MAX_LOG_LINES}")
+    lines = _int_arg("tail", 100, 1, MAX_LOG_LINES)
     path = os.path.join(job.job_dir, f"{stream}.log")
     try:
         content = _tail_lines(path, lines)

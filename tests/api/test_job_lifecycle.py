@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import socket
 
 import pytest
@@ -48,6 +49,10 @@ def test_job_runs_to_completion_and_slurm_bills_the_right_account(
     assert logs.get_data(as_text=True) == f"gpus on node: 2\nvisible devices: unset\n{HOSTILE_MESSAGE}\n"
     tail = client.get(f"/jobs/{created['job_id']}/logs?tail=1", headers=auth).get_data(as_text=True)
     assert tail == HOSTILE_MESSAGE.splitlines()[-1] + "\n"
+    for bad in ("stream=stdin", "tail=0", "tail=10001", "tail=many"):
+        response = client.get(f"/jobs/{created['job_id']}/logs?{bad}", headers=auth)
+        assert response.status_code == 400, bad
+        assert response.get_json()["error"] == "bad_request"
 
 
 def test_failed_job_reports_exit_code_and_stderr(client: FlaskClient, auth: dict[str, str]) -> None:
@@ -94,6 +99,8 @@ def test_job_pends_for_resources_while_others_hold_the_gpus(
     )
     assert pending["state"] == "PENDING"
     assert pending["started_at"] is None and pending["node"] is None
+    not_started = client.get(f"/jobs/{waiting['job_id']}/logs", headers=auth)
+    assert (not_started.status_code, not_started.get_data()) == (200, b"")
     reason = slurm_cmd("squeue", "-h", "-j", str(waiting["slurm_job_id"]), "-o", "%T|%r").strip()
     assert reason == "PENDING|Resources"
 
@@ -144,6 +151,9 @@ def test_list_is_newest_first_with_cursor_pages_and_state_filter(client: FlaskCl
     assert bad.status_code == 400
     assert "DONE" in bad.get_json()["message"]
     assert client.get("/jobs?cursor=!!notours", headers=auth).status_code == 400
+    naive = base64.urlsafe_b64encode(b"2026-01-01T00:00:00|x").decode()
+    assert client.get(f"/jobs?cursor={naive}", headers=auth).get_json()["error"] == "bad_request"
+    assert client.get("/jobs?limit=x", headers=auth).get_json()["message"] == "limit must be an integer"
     assert client.get("/jobs?limit=0", headers=auth).status_code == 400
 
 
