@@ -6,7 +6,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,22 +17,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
-
 from gpupool import db
 from gpupool.config import load_settings
-from gpupool.models import Account
 from gpupool.proc import run_command
 from gpupool.slurm import SlurmClient
 from gpupool.tokens import create_token
+from tests.conftest import add_account_row, create_database, drop_database, throwaway_slurm_account
+from tests.live.conftest import counting_bin_dir, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("GPUPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 SECRET = secrets.token_urlsafe(48)
-SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr")
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -60,46 +55,29 @@ def table(title: str, rows: list[tuple[str, str]]) -> None:
 def bench_env(tmp: Path) -> Iterator[dict[str, Any]]:
     """A database, a Slurm account with all 4 GPUs, a token; torn down afterwards."""
     name = f"gpupool_bench_{secrets.token_hex(4)}"
-    account = f"b{secrets.token_hex(4)}"
-    admin = create_engine(db.normalize_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    with db.make_session_factory(engine)() as session, session.begin():
-        session.add(Account(name=account, gpu_limit=4))
-    engine.dispose()
+    url = create_database(name)
     settings = load_settings(environ={}, overrides={"jwt_secret": SECRET})
-    SlurmClient(settings).ensure_account(account, 4)
-    wrappers, calls = tmp / "slurm-bin", tmp / "slurm-calls.log"
-    wrappers.mkdir()
-    calls.touch()
-    for command in SLURM_COMMANDS:
-        wrapper = wrappers / command
-        wrapper.write_text(f'#!/bin/sh\necho {command} >> "{calls}"\nexec /usr/bin/{command} "$@"\n')
-        wrapper.chmod(0o755)
+    wrappers, calls = counting_bin_dir(tmp)
     try:
-        yield {
-            "database_url": url,
-            "account": account,
-            "token": create_token(settings, sub=f"bench-{secrets.token_hex(3)}", account=account, ttl_s=3600),
-            "wrappers": wrappers,
-            "calls": calls,
-            "job_root": tmp / "jobs",
-        }
+        with throwaway_slurm_account(SlurmClient(settings), "b") as account:
+            engine = db.make_engine(url)
+            add_account_row(db.make_session_factory(engine), account)
+            engine.dispose()
+            yield {
+                "database_url": url,
+                "account": account,
+                "token": create_token(settings, sub=f"bench-{secrets.token_hex(3)}", account=account, ttl_s=3600),
+                "wrappers": wrappers,
+                "calls": calls,
+                "job_root": tmp / "jobs",
+            }
     finally:
-        slurm("scancel", f"--account={account}", check=False)
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(name)
 
 
 @contextmanager
 def gunicorn(env_info: dict[str, Any], *, workers: int, threads: int = 1, **settings: str) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {
         "PATH": f"{BIN}:/usr/bin:/bin",
         "HOME": os.environ.get("HOME", "/root"),

@@ -13,6 +13,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -132,17 +133,31 @@ def cancel_account_jobs(account: str) -> None:
     wait_for(drained, timeout_s=60, what=f"jobs of {account} to leave the queue")
 
 
+@contextmanager
+def throwaway_slurm_account(slurm: SlurmClient, prefix: str) -> Iterator[str]:
+    """A new Slurm account allowed all 4 GPUs; its jobs are cancelled and it is deleted afterwards."""
+    name = f"{prefix}{secrets.token_hex(4)}"
+    slurm.ensure_account(name, 4)
+    try:
+        yield name
+    finally:
+        cancel_account_jobs(name)
+        try:
+            slurm_cmd("sacctmgr", "-i", "delete", "account", name)
+        except CommandFailed:
+            pass  # accounts with job records may be kept by slurmdbd; harmless
+
+
+def add_account_row(session_factory: sessionmaker, name: str) -> None:
+    with session_factory() as session, session.begin():
+        session.add(Account(name=name, gpu_limit=4))
+
+
 @pytest.fixture(scope="session")
 def slurm_account(slurm: SlurmClient) -> Iterator[str]:
-    """A Slurm account of this test session's own, allowed all 4 GPUs."""
-    name = f"t{secrets.token_hex(4)}"
-    slurm.ensure_account(name, 4)
-    yield name
-    cancel_account_jobs(name)
-    try:
-        slurm_cmd("sacctmgr", "-i", "delete", "account", name)
-    except CommandFailed:
-        pass  # accounts with job records may be kept by slurmdbd; harmless
+    """A Slurm account of this test session's own."""
+    with throwaway_slurm_account(slurm, "t") as name:
+        yield name
 
 
 @pytest.fixture
@@ -161,8 +176,7 @@ def session_factory(db_connection: Connection) -> sessionmaker:
 
 @pytest.fixture
 def account(session_factory: sessionmaker, slurm_account: str) -> Iterator[str]:
-    with session_factory() as session, session.begin():
-        session.add(Account(name=slurm_account, gpu_limit=4))
+    add_account_row(session_factory, slurm_account)
     yield slurm_account
     cancel_account_jobs(slurm_account)
 

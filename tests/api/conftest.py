@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,9 +8,8 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
-from gpupool.models import Account
 from gpupool.slurm import SlurmClient
-from tests.conftest import REPO, cancel_account_jobs, slurm_cmd
+from tests.conftest import REPO, add_account_row, cancel_account_jobs, throwaway_slurm_account
 
 # Extra templates only the tests use: they expose what a job sees.
 TEST_TEMPLATES = {
@@ -39,16 +37,12 @@ def settings(session_settings: Settings, templates_dir: Path) -> Settings:
 
 @pytest.fixture(scope="session")
 def other_slurm_account(slurm: SlurmClient) -> Iterator[str]:
-    name = f"o{secrets.token_hex(4)}"
-    slurm.ensure_account(name, 4)
-    yield name
-    cancel_account_jobs(name)
-    slurm_cmd("sacctmgr", "-i", "delete", "account", name, check=False)
+    with throwaway_slurm_account(slurm, "o") as name:
+        yield name
 
 
 @pytest.fixture
 def other_account(session_factory: sessionmaker, other_slurm_account: str) -> Iterator[str]:
-    with session_factory() as session, session.begin():
-        session.add(Account(name=other_slurm_account, gpu_limit=4))
+    add_account_row(session_factory, other_slurm_account)
     yield other_slurm_account
     cancel_account_jobs(other_slurm_account)
