@@ -104,18 +104,23 @@ def live_db(slurm_account: str) -> Iterator[str]:
 def start_server(tmp_path: Path, live_db: str) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
 
-    def start(*, workers: int = 4, wait: bool = True, **settings: str) -> Server:
+    def start(*, workers: int = 4, wait: bool = True, config_file: Path | None = None, **settings: str) -> Server:
+        """gunicorn configured by GPUPOOL_* variables, or only by ``config_file`` when given."""
         port = free_port()
-        env = {
-            "PATH": f"{BIN}:/usr/bin:/bin",
-            "HOME": os.environ.get("HOME", "/root"),
-            "GPUPOOL_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{live_db}",
-            "GPUPOOL_JWT_SECRET": JWT_SECRET,
-            "GPUPOOL_RATELIMIT_STORAGE_URI": REDIS_URL,
-            "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
-            "GPUPOOL_JOB_ROOT": str(tmp_path / "jobs"),
-            "GPUPOOL_REFRESH_INTERVAL_S": "1",
-        }
+        env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+        if config_file is not None:
+            env["GPUPOOL_CONFIG"] = str(config_file)
+        else:
+            env.update(
+                {
+                    "GPUPOOL_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{live_db}",
+                    "GPUPOOL_JWT_SECRET": JWT_SECRET,
+                    "GPUPOOL_RATELIMIT_STORAGE_URI": REDIS_URL,
+                    "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
+                    "GPUPOOL_JOB_ROOT": str(tmp_path / "jobs"),
+                    "GPUPOOL_REFRESH_INTERVAL_S": "1",
+                }
+            )
         env.update({f"GPUPOOL_{key.upper()}": value for key, value in settings.items()})
         log_path = tmp_path / f"gunicorn-{port}.log"
         with open(log_path, "wb") as log:

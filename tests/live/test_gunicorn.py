@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.tokens import create_token
-from tests.conftest import PG_ADMIN_URL, base_settings, slurm_cmd, wait_for
+from tests.conftest import PG_ADMIN_URL, REDIS_URL, REPO, base_settings, slurm_cmd, wait_for
 from tests.live.conftest import Server, counting_bin_dir, http, slurm_calls
 
 HELLO = {"template": "hello", "gpus": 1, "params": {"message": "hi", "seconds": 0}}
@@ -258,3 +258,24 @@ def test_stopped_slurmctld_gives_503_then_works_without_a_restart(
         what="the new job to complete",
     )
     assert done["exit_code"] == 0
+
+
+def test_gunicorn_reads_a_config_file_named_by_gpupool_config(
+    start_server: Callable[..., Server], settings: Settings, slurm_account: str, live_db: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "gpupool.toml"
+    config.write_text(
+        f"""
+database_url = "postgresql://postgres@127.0.0.1:5432/{live_db}"
+jwt_secret = "{settings.jwt_secret}"
+ratelimit_storage_uri = "{REDIS_URL}"
+ratelimit_default = "3/minute"
+slurm_bin_dir = "/usr/bin"
+templates_dir = "{REPO / 'slurm_templates'}"
+job_root = "{tmp_path / 'jobs'}"
+"""
+    )
+    server = start_server(config_file=config, workers=2)
+    assert http("GET", server.url + "/readyz").status == 200
+    token = token_for(settings, slurm_account)
+    assert [http("GET", server.url + "/jobs", token=token).status for _ in range(4)] == [200, 200, 200, 429]
