@@ -57,6 +57,7 @@ def create_app(
             session_factory,
             slurm,
             interval_s=settings.refresh_interval_s,
+            # Long past any sbatch a hung slurmctld could still be working through.
             submission_grace_s=settings.slurm_submit_timeout_s * 4 + 30,
         ),
         inventory=TimedCache(slurm.gpu_inventory, settings.cluster_shape_ttl_s, keep_stale=True),

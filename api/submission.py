@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import fnmatch
 import hashlib
 import json
@@ -42,6 +41,18 @@ def _check_resources(app: AppState, req: SubmitRequest, gpus: int, template_max:
     settings = app.settings
     if template_max is not None and gpus > template_max:
         raise ValidationFailed(f"template {req.template!r} runs on at most {template_max} GPU(s); asked for {gpus}")
+    limit = req.time_limit_min or settings.default_time_limit_min
+    if limit > settings.max_time_limit_min:
+        raise ValidationFailed(f"time_limit_min may be at most {settings.max_time_limit_min}")
+    if req.container_image is not None:
+        if settings.container_runtime == "none":
+            raise ValidationFailed("this cluster runs jobs without containers; omit container_image")
+        if not any(fnmatch.fnmatchcase(req.container_image, pattern) for pattern in settings.container_allowlist):
+            raise ValidationFailed(
+                f"container image {req.container_image!r} is not on the operator's allowlist",
+                allowed=list(settings.container_allowlist),
+            )
+    # Last, since it may ask Slurm: a request that is wrong anyway gets its 422 even while Slurm is away.
     inventory = app.inventory.get()
     if req.gpu_type is not None:
         per_node = inventory.max_per_node_by_type.get(req.gpu_type)
@@ -55,17 +66,6 @@ def _check_resources(app: AppState, req: SubmitRequest, gpus: int, template_max:
             f"asked for {gpus} GPU(s) but the largest node has {per_node}"
             + (f" of type {req.gpu_type}" if req.gpu_type else "")
         )
-    limit = req.time_limit_min or settings.default_time_limit_min
-    if limit > settings.max_time_limit_min:
-        raise ValidationFailed(f"time_limit_min may be at most {settings.max_time_limit_min}")
-    if req.container_image is not None:
-        if settings.container_runtime == "none":
-            raise ValidationFailed("this cluster runs jobs without containers; omit container_image")
-        if not any(fnmatch.fnmatchcase(req.container_image, pattern) for pattern in settings.container_allowlist):
-            raise ValidationFailed(
-                f"container image {req.container_image!r} is not on the operator's allowlist",
-                allowed=list(settings.container_allowlist),
-            )
 
 
 def _existing(session: Session, account: str, owner: str, key: str) -> Job | None:
@@ -94,7 +94,9 @@ def _finish_unknown_submission(app: AppState, session: Session, job: Job) -> Non
         session.commit()
         return
     attempted = job.submit_attempted_at or job.created_at
-    if utcnow() - attempted < dt.timedelta(seconds=app.settings.slurm_submit_timeout_s + 5):
+    # A slow slurmctld may still be working through the first sbatch: only once the
+    # grace the refresher also uses has passed is "not found" taken to mean "never sent".
+    if utcnow() - attempted <= app.refresher.submission_grace:
         raise SlurmUnavailable(
             "the first submission of this request is still unresolved; retry shortly with the same Idempotency-Key",
             job_id=job.id,
@@ -177,8 +179,9 @@ def _run_sbatch(app: AppState, session: Session, job: Job, script: tuple[Path, t
     job.state = "PENDING"
     job.submitted_at = job.submitted_at or utcnow()
     if session.get_bind().dialect.name == "postgresql":
-        # Losing this one update in a crash costs nothing: the refresher finds the
-        # job by its tag. Skipping the WAL flush takes a disk sync off every submit.
+        # Only a PostgreSQL crash within wal_writer_delay can lose this update, and
+        # then the refresher still finds the job by its tag; the row itself was
+        # committed durably before sbatch. Skipping the flush saves a disk sync.
         session.execute(text("SET LOCAL synchronous_commit TO OFF"))
     session.commit()
 

@@ -160,6 +160,7 @@ def test_hung_slurmctld_gives_503_and_no_duplicate_after_recovery(
     retried = wait_for(
         lambda: (r := http("POST", server.url + "/submit", token=token, body=HELLO, headers=headers)).status == 201 and r,
         what="the retried submit to be accepted",
+        timeout_s=120,
     )
     assert retried.body["job_id"] == job_id
     done = wait_for(
