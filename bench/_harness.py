@@ -52,14 +52,18 @@ def table(title: str, rows: list[tuple[str, str]]) -> None:
 
 
 @contextmanager
-def bench_env(tmp: Path) -> Iterator[dict[str, Any]]:
-    """A database, a Slurm account with all 4 GPUs, a token; torn down afterwards."""
+def bench_env(tmp: Path, *, slurm_gpu_limit: int = 4) -> Iterator[dict[str, Any]]:
+    """A database, a Slurm account, a token; torn down afterwards.
+
+    ``slurm_gpu_limit=0`` keeps every job pending (AssocGrpGRES), for benches
+    that time submission alone without job launches competing for the CPUs.
+    """
     name = f"gpupool_bench_{secrets.token_hex(4)}"
     url = create_database(name)
     settings = load_settings(environ={}, overrides={"jwt_secret": SECRET})
     wrappers, calls = counting_bin_dir(tmp)
     try:
-        with throwaway_slurm_account(SlurmClient(settings), "b") as account:
+        with throwaway_slurm_account(SlurmClient(settings), "b", slurm_gpu_limit) as account:
             engine = db.make_engine(url)
             add_account_row(db.make_session_factory(engine), account)
             engine.dispose()

@@ -1,8 +1,10 @@
 """bench/submit: POST /submit under gunicorn against raw `sbatch --parsable`, side by side.
 
-Both sides submit the same rendered hello script (1 GPU, exits at once) to the
-same cluster, interleaved so queue growth affects them alike. Reports median
-latency of each, their ratio (target <= 1.3) and jobs/s at concurrency 8.
+Both sides submit the same rendered hello script (1 GPU) to the same cluster,
+interleaved so queue growth affects them alike. The bench account's Slurm GPU
+limit is 0, so every job stays pending: on 2 cores, jobs starting and ending
+would otherwise steal CPU from whichever side happens to be timed. Reports the
+median latency of each, their ratio (target <= 1.3) and jobs/s at concurrency 8.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def throughput(action: Callable[[], None], jobs: int, concurrency: int) -> float
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp, bench_env(Path(tmp)) as env:
+    with tempfile.TemporaryDirectory() as tmp, bench_env(Path(tmp), slurm_gpu_limit=0) as env:
         sbatch = raw_sbatch(env["account"], Path(tmp) / "raw")
         with gunicorn(env, workers=4) as url:
 
@@ -88,7 +90,6 @@ def main() -> None:
             for _ in range(ROUNDS):
                 raw_times.append(timed(sbatch))
                 api_times.append(timed(api_submit))
-                slurm("scancel", f"--account={env['account']}", "--state=PENDING", check=False)
             raw_rate = throughput(sbatch, CONCURRENT_JOBS, 8)
             slurm("scancel", f"--account={env['account']}", check=False)
             api_rate = throughput(api_submit, CONCURRENT_JOBS, 8)

@@ -134,10 +134,10 @@ def cancel_account_jobs(account: str) -> None:
 
 
 @contextmanager
-def throwaway_slurm_account(slurm: SlurmClient, prefix: str) -> Iterator[str]:
-    """A new Slurm account allowed all 4 GPUs; its jobs are cancelled and it is deleted afterwards."""
+def throwaway_slurm_account(slurm: SlurmClient, prefix: str, gpu_limit: int = 4) -> Iterator[str]:
+    """A new Slurm account; its jobs are cancelled and it is deleted afterwards."""
     name = f"{prefix}{secrets.token_hex(4)}"
-    slurm.ensure_account(name, 4)
+    slurm.ensure_account(name, gpu_limit)
     try:
         yield name
     finally:
