@@ -6,6 +6,7 @@ import base64
 import binascii
 import datetime as dt
 import os
+import re
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, url_for
@@ -14,7 +15,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from api.context import db_session, principal, state
-from api.schemas import JobOut, SubmitRequest
+from api.schemas import IDEMPOTENCY_KEY_PATTERN, JOB_STATES, JobOut, SubmitRequest
 from api.submission import submit
 from gpupool.db import utcnow
 from gpupool.errors import (
@@ -26,14 +27,14 @@ from gpupool.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
-from gpupool.models import TERMINAL_STATES, Job
+from gpupool.models import Job
 from gpupool.models.jobs import SUBMITTING
 from gpupool.templates import validation_error_list
 
 submit_bp = Blueprint("submit", __name__)
 jobs_bp = Blueprint("jobs", __name__)
 
-LIST_STATES = frozenset({"PENDING", "RUNNING", *TERMINAL_STATES})
+LIST_STATES = frozenset(JOB_STATES)
 MAX_PAGE = 200
 MAX_LOG_LINES = 10_000
 _LOG_CHUNK = 64 * 1024
@@ -88,8 +89,8 @@ def _idempotency_key() -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if not key or len(key) > 255 or not key.isprintable():
-        raise BadRequest("Idempotency-Key must be 1 to 255 printable characters")
+    if not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key):
+        raise BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters or spaces")
     return key
 
 

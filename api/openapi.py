@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import gpupool
-from api.schemas import ErrorOut, JobList, JobOut, SubmitRequest, TemplateList
+from api.schemas import IDEMPOTENCY_KEY_PATTERN, JOB_STATES, ErrorOut, JobList, JobOut, SubmitRequest, TemplateList
 from gpupool.templates import Template
 
 _REF = "#/components/schemas/{model}"
@@ -32,6 +32,8 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     schemas = _schemas(SubmitRequest, JobOut, JobList, TemplateList, ErrorOut)
+    # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
+    schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
     for template in templates.values():
         schemas[template.params_model.__name__] = template.parameter_schema()
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
@@ -49,7 +51,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 "post": {
                     "summary": "Submit a job from a template",
                     "parameters": [
-                        {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "maxLength": 255}}
+                        {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}}
                     ],
                     "requestBody": {"required": True, "content": _json("SubmitRequest")},
                     "responses": {
@@ -62,7 +64,11 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 "get": {
                     "summary": "The caller's jobs, newest first",
                     "parameters": [
-                        {"name": "state", "in": "query", "schema": {"type": "string"}, "description": "Comma-separated states"},
+                        {
+                            "name": "state", "in": "query", "style": "form", "explode": False,
+                            "schema": {"type": "array", "items": {"enum": list(JOB_STATES)}},
+                            "description": "Only jobs in these states (comma-separated, any case)",
+                        },
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
                         {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                     ],
@@ -93,7 +99,10 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 }
             },
             "/templates": {
-                "get": {"summary": "Templates and their parameter schemas", "responses": {"200": {"description": "Templates", "content": _json("TemplateList")}}}
+                "get": {
+                    "summary": "Templates and their parameter schemas",
+                    "responses": {"200": {"description": "Templates", "content": _json("TemplateList")}, **_errors(*auth_errors)},
+                }
             },
             "/healthz": {"get": {"summary": "The process is up", "security": [], "responses": {"200": {"description": "Up"}}}},
             "/readyz": {"get": {"summary": "Slurm and the database answer", "security": [], "responses": {"200": {"description": "Ready"}, **_errors(503)}}},

@@ -7,6 +7,12 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from gpupool.models import TERMINAL_STATES
+
+# Visible ASCII and spaces: what survives every HTTP stack unchanged.
+IDEMPOTENCY_KEY_PATTERN = r"^[ -~]{1,255}$"
+JOB_STATES = ("PENDING", "RUNNING", *sorted(TERMINAL_STATES))
+
 
 def _single_line(value: str) -> str:
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):

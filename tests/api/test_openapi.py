@@ -18,6 +18,7 @@ def test_document_covers_every_route_and_uses_the_validating_schemas(app: Flask,
     documented = {(path, method) for path, item in doc["paths"].items() for method in item}
     assert routes == documented
     expected = SubmitRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    expected["properties"]["template"]["enum"] = ["envdump", "fail", "hello", "inference", "train"]
     assert doc["components"]["schemas"]["SubmitRequest"] == expected
     assert doc["components"]["schemas"]["HelloParams"]["properties"]["seconds"]["maximum"] == 3600
     submit = doc["paths"]["/submit"]["post"]
