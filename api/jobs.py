@@ -29,6 +29,7 @@ from gpupool.errors import (
 )
 from gpupool.models import Job
 from gpupool.models.jobs import SUBMITTING
+from gpupool.render import log_path
 from gpupool.templates import validation_error_list
 
 submit_bp = Blueprint("submit", __name__)
@@ -256,7 +257,7 @@ def job_logs(job_id: str) -> Response:
     if stream not in ("stdout", "stderr"):
         raise BadRequest("stream must be stdout or stderr")
     lines = _int_arg("tail", 100, 1, MAX_LOG_LINES)
-    path = os.path.join(job.job_dir, f"{stream}.log")
+    path = log_path(job.job_dir, stream)
     try:
         content = _tail_lines(path, lines)
     except FileNotFoundError:

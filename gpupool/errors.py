@@ -16,7 +16,6 @@
     │       └── SlurmRejected       Slurm refused the job outright (422)
     └── ServiceUnavailable          a dependency is down or slow (503)
         ├── DatabaseUnavailable
-        ├── RateLimitStorageUnavailable
         └── SlurmUnavailable
             ├── CommandTimedOut     a Slurm command ran past its timeout
             └── CommandFailed       a Slurm command exited non-zero (stderr kept)
@@ -111,10 +110,6 @@ class ServiceUnavailable(GpupoolError):
 
 class DatabaseUnavailable(ServiceUnavailable):
     code = "database_unavailable"
-
-
-class RateLimitStorageUnavailable(ServiceUnavailable):
-    code = "rate_limit_unavailable"
 
 
 class SlurmUnavailable(ServiceUnavailable):

@@ -47,18 +47,10 @@ class RenderedJob:
     script: str
     options: tuple[str, ...]
 
-    @property
-    def stdout_path(self) -> str:
-        return _option_value(self.options, "--output")
 
-    @property
-    def stderr_path(self) -> str:
-        return _option_value(self.options, "--error")
-
-
-def _option_value(options: tuple[str, ...], flag: str) -> str:
-    prefix = flag + "="
-    return next(opt[len(prefix):] for opt in options if opt.startswith(prefix))
+def log_path(job_dir: str, stream: str) -> str:
+    """Where a job's ``stdout`` or ``stderr`` goes: chosen by the server, never by the customer."""
+    return f"{job_dir}/{stream}.log"
 
 
 def param_env_name(param: str) -> str:
@@ -128,8 +120,8 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
         f"--gres={gres(spec.gpus, spec.gpu_type)}",
         f"--time={spec.time_limit_min}",
         f"--chdir={spec.job_dir}",
-        f"--output={spec.job_dir}/stdout.log",
-        f"--error={spec.job_dir}/stderr.log",
+        f"--output={log_path(spec.job_dir, 'stdout')}",
+        f"--error={log_path(spec.job_dir, 'stderr')}",
         f"--comment=gpupool:{spec.job_id}",
         # sbatch would otherwise honour #PBS/#BSUB lines anywhere in the first 100 lines.
         "--ignore-pbs",

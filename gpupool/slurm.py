@@ -7,9 +7,7 @@ of wrappers that count calls) without patching anything.
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -150,16 +148,12 @@ class SlurmClient:
     def __init__(self, settings: Settings, runner: Runner = run_command) -> None:
         self.settings = settings
         self._run = runner
-        self._calls: collections.Counter[str] = collections.Counter()
-        self._calls_lock = threading.Lock()
 
     # -- plumbing -----------------------------------------------------------------
 
     def _command(
         self, name: str, args: Sequence[str], *, timeout_s: float | None = None, check: bool = True
     ) -> CommandResult:
-        with self._calls_lock:
-            self._calls[name] += 1
         return self._run(
             [self.settings.slurm_bin(name), *args],
             timeout_s=timeout_s or self.settings.slurm_query_timeout_s,
@@ -167,17 +161,11 @@ class SlurmClient:
             check=check,
         )
 
-    def call_counts(self) -> dict[str, int]:
-        with self._calls_lock:
-            return dict(self._calls)
-
     # -- jobs ---------------------------------------------------------------------
 
     def submit(self, options: Sequence[str], script_path: str, *, env_path: str) -> int:
         """Submit a rendered script; options on the command line override its directives."""
         argv = [self.settings.slurm_bin("sbatch"), "--parsable", *options, script_path]
-        with self._calls_lock:
-            self._calls["sbatch"] += 1
         try:
             result = self._run(
                 argv,
@@ -270,11 +258,3 @@ class SlurmClient:
         # sacctmgr exits 1 with "Nothing modified" when the limit is already set.
         if result.returncode != 0 and "Nothing modified" not in (result.stdout + result.stderr):
             raise CommandFailed(result.argv, result.returncode, result.stderr)
-
-    def account_gpu_limit(self, name: str) -> str:
-        rows = self._sacctmgr_rows(["show", "association", "where", f"account={name}", "format=user,grptres"])
-        for row in rows:
-            user, _, tres = row.partition("|")
-            if not user:
-                return tres
-        return ""

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.errors import ValidationFailed
-from gpupool.render import JobSpec, RenderedJob, gres, render, sbatch_options
+from gpupool.render import JobSpec, RenderedJob, gres, log_path, render, sbatch_options
 from gpupool.templates import Template
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
@@ -270,8 +270,9 @@ def test_options_are_sbatch_options(hello: Template) -> None:
 
 def test_output_paths(hello: Template) -> None:
     rendered = render(make_spec(hello))
-    assert rendered.stdout_path == f"{JOB_DIR}/stdout.log"
-    assert rendered.stderr_path == f"{JOB_DIR}/stderr.log"
+    assert f"--output={JOB_DIR}/stdout.log" in rendered.options
+    assert f"--error={JOB_DIR}/stderr.log" in rendered.options
+    assert log_path(JOB_DIR, "stderr") == f"{JOB_DIR}/stderr.log"
 
 
 HOSTILE_NAMES = ["hello world", "x\n#SBATCH --account=evil", "a'; echo foo", '"#SBATCH', "$(id)"]
