@@ -37,7 +37,7 @@ if ! command -v pg_isready >/dev/null || ! postgres_up; then
 fi
 echo "ensure-services: PostgreSQL answers on 127.0.0.1:5432"
 
-redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG; }
+redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
 if ! command -v redis-cli >/dev/null || ! redis_up; then
   command -v redis-server >/dev/null || apt_install redis-server redis-tools
   mkdir -p /var/lib/redis /var/log/redis
