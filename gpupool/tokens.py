@@ -16,8 +16,10 @@ import jwt
 
 from gpupool.config import Settings
 from gpupool.errors import ConfigError, Unauthorized
+from gpupool.models.accounts import ACCOUNT_NAME
 
 ROLES = ("customer", "admin")
+MAX_SUBJECT_LENGTH = 255  # the width of jobs.owner
 REQUIRED_CLAIMS = ("exp", "iat", "sub", "aud")
 
 
@@ -70,8 +72,8 @@ def create_token(
 ) -> str:
     if role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}")
-    if not sub or not account:
-        raise ConfigError("a token needs a user and an account")
+    if not 0 < len(sub) <= MAX_SUBJECT_LENGTH or not ACCOUNT_NAME.match(account):
+        raise ConfigError(f"a token needs a user of 1 to {MAX_SUBJECT_LENGTH} characters and a valid account name")
     issued = now or dt.datetime.now(dt.UTC)
     lifetime = settings.jwt_default_ttl_s if ttl_s is None else ttl_s
     if lifetime <= 0:
@@ -112,8 +114,10 @@ def verify_token(settings: Settings, token: str, *, key: str | None = None) -> P
     account, role = claims.get("account"), claims.get("role", "customer")
     if not isinstance(account, str) or not account:
         raise Unauthorized("the token lacks the required claim 'account'")
+    if not ACCOUNT_NAME.match(account):
+        raise Unauthorized("the token's account is not a valid account name")
     if role not in ROLES:
         raise Unauthorized(f"unknown role {role!r} in token")
-    if not isinstance(claims["sub"], str) or not claims["sub"]:
-        raise Unauthorized("the token's subject is empty")
+    if not isinstance(claims["sub"], str) or not 0 < len(claims["sub"]) <= MAX_SUBJECT_LENGTH:
+        raise Unauthorized(f"the token's subject must be 1 to {MAX_SUBJECT_LENGTH} characters")
     return Principal(sub=claims["sub"], account=account, role=role)

@@ -7,7 +7,6 @@ Exit status: 0 on success, 1 when gpupool refuses or a dependency fails
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 
@@ -16,11 +15,9 @@ from sqlalchemy import select
 from gpupool import db
 from gpupool.config import Settings, load_settings
 from gpupool.errors import GpupoolError
-from gpupool.models import Account
+from gpupool.models import ACCOUNT_NAME, Account
 from gpupool.slurm import SlurmClient
 from gpupool.tokens import create_token
-
-ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 def _account_name(value: str) -> str:

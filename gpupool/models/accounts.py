@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from sqlalchemy import Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpupool.db import Base, UTCDateTime, utcnow
+
+# Slurm account names are case-insensitive and stored lower case; keep them plain.
+ACCOUNT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 class Account(Base):

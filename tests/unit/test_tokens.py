@@ -182,9 +182,16 @@ def test_missing_role_means_customer(settings: Settings) -> None:
     assert verify_token(settings, token).role == "customer"
 
 
-def test_empty_subject(settings: Settings) -> None:
-    token = jwt.encode(claims(sub=""), SECRET, algorithm="HS256")
-    assert refused(settings, token).message == "the token's subject is empty"
+@pytest.mark.parametrize("sub", ["", "x" * 256])
+def test_subject_must_fit_a_job_owner(settings: Settings, sub: str) -> None:
+    token = jwt.encode(claims(sub=sub), SECRET, algorithm="HS256")
+    assert refused(settings, token).message == "the token's subject must be 1 to 255 characters"
+
+
+@pytest.mark.parametrize("account", ["Acme", "a b", "a;b", "x" * 33])
+def test_account_claim_must_be_an_account_name(settings: Settings, account: str) -> None:
+    token = jwt.encode(claims(account=account), SECRET, algorithm="HS256")
+    assert refused(settings, token).message == "the token's account is not a valid account name"
 
 
 def test_non_string_subject(settings: Settings) -> None:
@@ -248,8 +255,10 @@ def test_rs256_without_key_files(rs_settings: Settings, tmp_path: Path) -> None:
     ("kwargs", "fragment"),
     [
         ({"role": "root"}, "role must be one of customer, admin"),
-        ({"sub": ""}, "a token needs a user and an account"),
-        ({"account": ""}, "a token needs a user and an account"),
+        ({"sub": ""}, "a token needs a user of 1 to 255 characters and a valid account name"),
+        ({"sub": "u" * 256}, "a token needs a user of 1 to 255 characters and a valid account name"),
+        ({"account": ""}, "a token needs a user of 1 to 255 characters and a valid account name"),
+        ({"account": "Not Valid"}, "a token needs a user of 1 to 255 characters and a valid account name"),
         ({"ttl_s": 0}, "--ttl must be a positive number of seconds"),
         ({"ttl_s": -5}, "--ttl must be a positive number of seconds"),
     ],
