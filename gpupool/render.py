@@ -135,6 +135,11 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
     return tuple(options)
 
 
+# Slurm's description of the allocation, which templates read (train uses the GPU count).
+# CUDA_VISIBLE_DEVICES stays out: inside the container the granted GPUs are renumbered from 0.
+_SLURM_VARS_FOR_CONTAINER = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_GPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_NODE")
+
+
 def _docker_wrapped(spec: JobSpec, env_names: list[str]) -> list[str]:
     assert spec.container_image
     # A delimiter derived from the body cannot occur in it as a line of its own.
@@ -145,7 +150,7 @@ def _docker_wrapped(spec: JobSpec, env_names: list[str]) -> list[str]:
         '  --gpus "\\"device=${CUDA_VISIBLE_DEVICES:?no GPUs allocated}\\"" \\',
         '  --user "$(id -u):$(id -g)" \\',
     ]
-    lines += [f"  --env {name} \\" for name in env_names]
+    lines += [f"  --env {name} \\" for name in (*env_names, *_SLURM_VARS_FOR_CONTAINER)]
     for mount in (f"{spec.job_dir}:{spec.job_dir}", *spec.container_mounts):
         lines.append(f"  --volume {shlex.quote(mount)} \\")
     lines += [
