@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import logging
 import os
 import re
 from typing import Any
@@ -32,6 +33,7 @@ from gpupool.models.jobs import SUBMITTING
 from gpupool.render import log_path
 from gpupool.templates import validation_error_list
 
+log = logging.getLogger("gpupool.jobs")
 submit_bp = Blueprint("submit", __name__)
 jobs_bp = Blueprint("jobs", __name__)
 
@@ -184,10 +186,12 @@ def list_jobs() -> Response:
     limit = _int_arg("limit", 50, 1, MAX_PAGE)
     query = select(Job)
     account = request.args.get("account")
-    if caller.is_admin and account:
+    if not caller.is_admin:
+        if account not in (None, caller.account):
+            raise NotFound(f"no account {account!r} visible to you")
+        account = caller.account
+    if account:
         query = query.where(Job.account == account)
-    elif not caller.is_admin:
-        query = query.where(Job.account == caller.account)
     state_filter = request.args.get("state")
     if state_filter:
         wanted = {word.strip().upper() for word in state_filter.split(",") if word.strip()}
@@ -223,6 +227,7 @@ def cancel_job(job_id: str) -> tuple[Response, int]:
         raise Conflict(f"job {job.id} has already ended ({job.state})", code="job_finished")
     if job.slurm_job_id is None:
         raise Conflict("the job is still being submitted; retry in a few seconds", code="job_submitting")
+    log.info("job %s (Slurm %s) cancelled by %s", job.id, job.slurm_job_id, principal().sub)
     try:
         state().slurm.cancel(job.slurm_job_id)
     except CommandFailed as exc:

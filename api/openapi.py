@@ -70,6 +70,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                             "description": "Only jobs in these states (comma-separated, any case)",
                         },
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
+                        {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: one account's jobs (default: all)"},
                         {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                     ],
                     "responses": {"200": {"description": "A page of jobs", "content": _json("JobList")}, **_errors(400, *auth_errors)},

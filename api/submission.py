@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -30,6 +31,8 @@ from gpupool.models import Account, Job
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import JobSpec, render
 from gpupool.tokens import Principal
+
+log = logging.getLogger("gpupool.submit")
 
 
 def request_fingerprint(body: dict[str, Any]) -> str:
@@ -162,22 +165,26 @@ def _run_sbatch(app: AppState, session: Session, job: Job, script: tuple[Path, t
         except SlurmUnavailable:
             found = None
         if found is None:
+            log.warning("job %s (account %s): sbatch timed out and the tag is not in the queue yet", job.id, job.account)
             raise SlurmUnavailable(
                 "Slurm did not answer in time; the job may still be accepted. Poll it, or retry "
                 "with the same Idempotency-Key, which never submits it twice",
                 job_id=job.id,
             ) from exc
         slurm_job_id = found
-    except SlurmUnavailable:
+    except SlurmUnavailable as exc:
         # Rejected, or the controller never took the request: nothing was submitted.
+        log.warning("job %s (account %s) not submitted: %s", job.id, job.account, exc.message)
         _forget(session, job)
         raise
-    except SlurmRejected:
+    except SlurmRejected as exc:
+        log.info("job %s (account %s) refused by Slurm: %s", job.id, job.account, exc.message)
         _forget(session, job)
         raise
     job.slurm_job_id = slurm_job_id
     job.state = "PENDING"
     job.submitted_at = job.submitted_at or utcnow()
+    log.info("job %s submitted as Slurm job %s (account %s, %s x gpu)", job.id, slurm_job_id, job.account, job.gpus)
     if session.get_bind().dialect.name == "postgresql":
         # Only a PostgreSQL crash within wal_writer_delay can lose this update, and
         # then the refresher still finds the job by its tag; the row itself was

@@ -154,6 +154,14 @@ def test_jobs_of_other_accounts_are_invisible(
     assert client.get("/jobs", headers=stranger).get_json()["jobs"] == []
     admin = bearer(settings, other_account, sub="root", role="admin")
     assert client.get(f"/jobs/{job['job_id']}", headers=admin).status_code == 200
+    everyone = [j["job_id"] for j in client.get("/jobs", headers=admin).get_json()["jobs"]]
+    assert job["job_id"] in everyone
+    theirs = client.get(f"/jobs?account={other_account}", headers=admin).get_json()["jobs"]
+    assert theirs == []
+    # A customer may name only their own account.
+    assert_error(client.get(f"/jobs?account={other_account}", headers=auth), 404, "not_found")
+    own = client.get(f"/jobs?account={job['account']}", headers=auth).get_json()["jobs"]
+    assert [j["job_id"] for j in own] == [job["job_id"]]
     assert_error(client.get("/jobs/00000000-0000-0000-0000-000000000000", headers=auth), 404)
 
 
