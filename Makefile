@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 cluster: venv
 
 services:
-	deploy/local/ensure-services.sh
+	$(SUDO) deploy/local/ensure-services.sh
 
 # Local cluster + API on 127.0.0.1:5000 with SQLite; prints a token and a curl.
 run: venv cluster
@@ -37,7 +37,7 @@ lint: venv
 	$(VENV)/bin/mypy gpupool gpupool_cli api billing
 
 bench: venv services cluster
-	command -v wrk >/dev/null || apt-get install -y -qq wrk
+	command -v wrk >/dev/null || $(SUDO) apt-get install -y -qq wrk
 	$(VENV)/bin/python bench/submit.py
 	$(VENV)/bin/python bench/poll.py
 
