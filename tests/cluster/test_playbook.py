@@ -35,11 +35,13 @@ def node_name() -> str:
     return names[0]
 
 
-def test_rerun_changes_nothing(repo_root: Path) -> None:
+def run_playbook(repo_root: Path, **extra_env: str) -> tuple[str, list[re.Match[str]]]:
+    """Run site.yml on the local inventory; its output and PLAY RECAP lines."""
     ansible_dir = repo_root / "deploy" / "ansible"
     # The virtualenv running pytest is the one holding ansible-core.
     ansible_playbook = Path(sys.prefix) / "bin" / "ansible-playbook"
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ansible_dir / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    env = {key: value for key, value in os.environ.items() if key != "SUDO_USER"}
+    env.update({"ANSIBLE_CONFIG": str(ansible_dir / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1", **extra_env})
     completed = subprocess.run(
         [str(ansible_playbook), "-i", str(ansible_dir / "inventories" / "local"), str(ansible_dir / "site.yml")],
         cwd=repo_root,
@@ -56,7 +58,27 @@ def test_rerun_changes_nothing(repo_root: Path) -> None:
     assert hosts, f"no PLAY RECAP in:\n{output}"
     for host in hosts:
         assert host["failed"] == "0" and host["unreachable"] == "0", recap
+    return output, hosts
+
+
+def test_rerun_changes_nothing(repo_root: Path) -> None:
+    output, hosts = run_playbook(repo_root)
+    for host in hosts:
         assert host["changed"] == "0", f"a rerun changed something:\n{output}"
+
+
+def test_sudo_user_becomes_the_slurm_operator_gpupool_runs_as(repo_root: Path) -> None:
+    # 'nobody' exists on every Debian/Ubuntu machine and never owns a Slurm user otherwise.
+    user = "nobody"
+    try:
+        _, first = run_playbook(repo_root, SUDO_USER=user)
+        assert [host["changed"] for host in first] == ["1"]
+        level = run(["sacctmgr", "--noheader", "--parsable2", "show", "user", user, "format=user,adminlevel"])
+        assert level.strip() == f"{user}|Operator"
+        _, again = run_playbook(repo_root, SUDO_USER=user)
+        assert [host["changed"] for host in again] == ["0"]
+    finally:
+        subprocess.run(["sacctmgr", "--immediate", "delete", "user", user], capture_output=True, timeout=60, check=False)
 
 
 def test_config_has_gpu_accounting_settings() -> None:
