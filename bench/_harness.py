@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -10,8 +9,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +20,7 @@ from gpupool.proc import run_command
 from gpupool.slurm import SlurmClient
 from gpupool.tokens import create_token
 from tests.conftest import add_account_row, create_database, drop_database, throwaway_slurm_account
-from tests.live.conftest import counting_bin_dir, free_port
+from tests.live.conftest import counting_bin_dir, free_port, http
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -103,7 +100,7 @@ def gunicorn(env_info: dict[str, Any], *, workers: int, threads: int = 1, **sett
         deadline = time.monotonic() + 30
         while True:
             try:
-                if call("GET", url + "/healthz")[0] == 200:
+                if http("GET", url + "/healthz").status == 200:
                     break
             except OSError:
                 if time.monotonic() > deadline:
@@ -113,17 +110,3 @@ def gunicorn(env_info: dict[str, Any], *, workers: int, threads: int = 1, **sett
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
-
-
-def call(method: str, url: str, *, token: str | None = None, body: Any = None) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())

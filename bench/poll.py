@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import bench_env, call, gunicorn, slurm, table  # noqa: E402
+from bench._harness import bench_env, gunicorn, http, slurm, table  # noqa: E402
 from gpupool.proc import minimal_env, run_command  # noqa: E402
 
 INTERVAL_S = 5.0
@@ -64,9 +64,10 @@ def main() -> None:
         sys.exit("bench/poll needs wrk: apt-get install wrk")
     with tempfile.TemporaryDirectory() as tmp, bench_env(Path(tmp)) as env:
         with gunicorn(env, workers=args.workers, slurm_bin_dir=str(env["wrappers"]), refresh_interval_s=str(INTERVAL_S)) as url:
-            status, job = call("POST", url + "/submit", token=env["token"], body={"template": "hello", "gpus": 1, "params": {"seconds": 600}})
-            assert status == 201, job
-            while call("GET", f"{url}/jobs/{job['job_id']}", token=env["token"])[1]["state"] != "RUNNING":
+            submitted = http("POST", url + "/submit", token=env["token"], body={"template": "hello", "gpus": 1, "params": {"seconds": 600}})
+            assert submitted.status == 201, submitted.body
+            job = submitted.body
+            while http("GET", f"{url}/jobs/{job['job_id']}", token=env["token"]).body["state"] != "RUNNING":
                 time.sleep(0.5)
             env["calls"].write_text("")
             result = run_command(
@@ -77,7 +78,7 @@ def main() -> None:
             )
             calls = env["calls"].read_text().split()
             queries = sum(1 for name in calls if name in ("squeue", "sacct"))
-            final = call("GET", f"{url}/jobs/{job['job_id']}", token=env["token"])[1]
+            final = http("GET", f"{url}/jobs/{job['job_id']}", token=env["token"]).body
         baseline = naive_rate(job["slurm_job_id"])
         slurm("scancel", str(job["slurm_job_id"]), check=False)
     out = result.stdout

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import bench_env, call, gunicorn, median, percentile, slurm, table  # noqa: E402
+from bench._harness import bench_env, gunicorn, http, median, percentile, slurm, table  # noqa: E402
 from gpupool.proc import minimal_env, run_command  # noqa: E402
 from gpupool.render import JobSpec, render  # noqa: E402
 from gpupool.templates import load_templates  # noqa: E402
@@ -80,9 +80,9 @@ def main() -> None:
         with gunicorn(env, workers=4) as url:
 
             def api_submit() -> None:
-                status, body = call("POST", url + "/submit", token=env["token"], body=BODY)
-                if status != 201:
-                    raise RuntimeError(f"submit failed: {status} {body}")
+                reply = http("POST", url + "/submit", token=env["token"], body=BODY)
+                if reply.status != 201:
+                    raise RuntimeError(f"submit failed: {reply.status} {reply.body}")
 
             for action in (sbatch, api_submit):  # warm caches, connections, imports
                 action()
