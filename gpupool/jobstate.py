@@ -21,6 +21,7 @@ from gpupool.db import utcnow
 from gpupool.errors import SlurmUnavailable
 from gpupool.models import TERMINAL_STATES, Job, SlurmSync
 from gpupool.models.jobs import SUBMITTING
+from gpupool.render import TAG_PREFIX
 from gpupool.slurm import AccountingEntry, QueueEntry, SlurmClient
 
 log = logging.getLogger("gpupool.jobstate")
@@ -93,9 +94,9 @@ class JobStateRefresher:
 
     def maybe_refresh(self) -> bool:
         """Refresh if this interval's lease is free; True if this call ran the refresh."""
-        now = utcnow()
-        if now < self._not_before:
+        if not self.due():
             return False
+        now = utcnow()
         held_since = self._claim_lease(now)
         if held_since is not None:
             self._not_before = held_since + self.interval
@@ -127,7 +128,7 @@ class JobStateRefresher:
         if not tracked:
             return
         queue = self._slurm.queue()
-        by_tag = {entry.comment: entry for entry in queue.values() if entry.comment.startswith("gpupool:")}
+        by_tag = {entry.comment: entry for entry in queue.values() if entry.comment.startswith(TAG_PREFIX)}
         # squeue no longer lists it (past MinJobAge) or lists it as ended: sacct has the final word.
         ended_or_forgotten = [
             slurm_id

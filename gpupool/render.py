@@ -48,6 +48,14 @@ class RenderedJob:
     options: tuple[str, ...]
 
 
+TAG_PREFIX = "gpupool:"
+
+
+def job_tag(job_id: str) -> str:
+    """The marker put in a Slurm job's comment, so a job can be found without its Slurm id."""
+    return TAG_PREFIX + job_id
+
+
 def log_path(job_dir: str, stream: str) -> str:
     """Where a job's ``stdout`` or ``stderr`` goes: chosen by the server, never by the customer."""
     return f"{job_dir}/{stream}.log"
@@ -122,7 +130,7 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
         f"--chdir={spec.job_dir}",
         f"--output={log_path(spec.job_dir, 'stdout')}",
         f"--error={log_path(spec.job_dir, 'stderr')}",
-        f"--comment=gpupool:{spec.job_id}",
+        f"--comment={job_tag(spec.job_id)}",
         # sbatch would otherwise honour #PBS/#BSUB lines anywhere in the first 100 lines.
         "--ignore-pbs",
     ]

@@ -7,6 +7,7 @@ from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueCon
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpupool.db import Base, UTCDateTime, utcnow
+from gpupool.render import job_tag
 
 # The row exists but sbatch has not (yet) confirmed a Slurm job id.
 SUBMITTING = "SUBMITTING"
@@ -71,8 +72,7 @@ class Job(Base):
 
     @property
     def tag(self) -> str:
-        """Marker put in the Slurm job's comment, so a job can be found without its id."""
-        return f"gpupool:{self.id}"
+        return job_tag(self.id)
 
 
 class SlurmSync(Base):
