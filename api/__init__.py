@@ -11,10 +11,12 @@ from flask_limiter import Limiter
 from sqlalchemy.orm import sessionmaker
 
 from api.auth import authenticate, rate_limit_key
+from api.billing import billing_bp
 from api.context import AppState, TimedCache, close_db_session
 from api.errors import register_error_handlers
 from api.jobs import jobs_bp, submit_bp
 from api.meta import meta_bp, templates_bp
+from api.metrics import metrics_bp, register_metrics
 from gpupool.config import Settings, load_settings
 from gpupool.db import ensure_migrated, make_engine, make_session_factory
 from gpupool.jobstate import JobStateRefresher
@@ -66,6 +68,7 @@ def create_app(
         verification_key=verification_key(settings),
     )
     register_error_handlers(app)
+    register_metrics(app, settings)  # first request hook: refused requests are timed too
     app.teardown_appcontext(close_db_session)
     # Registered before the limiter's own hook, so limits can key on the caller.
     app.before_request(authenticate)
@@ -86,8 +89,9 @@ def create_app(
     # Submits have their own budget; other requests share the default one.
     limiter.limit(lambda: settings.ratelimit_submit)(submit_bp)
     limiter.exempt(meta_bp)
+    limiter.exempt(metrics_bp)  # monitoring must not depend on the rate-limit store
     app.extensions["gpupool_limiter"] = limiter
 
-    for blueprint in (meta_bp, templates_bp, submit_bp, jobs_bp):
+    for blueprint in (meta_bp, templates_bp, submit_bp, jobs_bp, billing_bp, metrics_bp):
         app.register_blueprint(blueprint)
     return app

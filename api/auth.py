@@ -8,7 +8,8 @@ from api.context import state
 from gpupool.errors import Unauthorized
 from gpupool.tokens import verify_token
 
-PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.readyz", "meta.openapi"})
+# /metrics is guarded by the caller's address instead (api.metrics).
+PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.readyz", "meta.openapi", "metrics.metrics"})
 
 
 def authenticate() -> None:

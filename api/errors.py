@@ -22,6 +22,7 @@ STATUS_BY_ERROR: tuple[tuple[type[e.GpupoolError], int], ...] = (
     (e.UnknownFields, 400),
     (e.BadRequest, 400),
     (e.Unauthorized, 401),
+    (e.PaymentRequired, 402),
     (e.Forbidden, 403),
     (e.NotFound, 404),
     (e.Conflict, 409),
@@ -30,10 +31,13 @@ STATUS_BY_ERROR: tuple[tuple[type[e.GpupoolError], int], ...] = (
     (e.ValidationFailed, 422),
     (e.ServiceUnavailable, 503),
     (e.MigrationRequired, 503),
+    # Usage cannot be priced, so the service cannot sell it: an operator must act.
+    (e.PriceMissing, 503),
 )
 _HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
+    402: "payment_required",
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
@@ -45,7 +49,7 @@ _HTTP_CODES = {
     503: "service_unavailable",
 }
 # Details safe to show a customer; stderr and argv stay in the log.
-_PUBLIC_DETAILS = ("unknown", "valid", "errors", "job_id", "allowed")
+_PUBLIC_DETAILS = ("unknown", "valid", "errors", "job_id", "allowed", "remaining", "required", "currency")
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> Response:

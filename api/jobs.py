@@ -16,6 +16,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from api.context import db_session, principal, state
+from api.metrics import JOBS_SUBMITTED
 from api.schemas import IDEMPOTENCY_KEY_PATTERN, JOB_STATES, JobOut, SubmitRequest
 from api.submission import submit
 from gpupool.db import utcnow
@@ -114,6 +115,8 @@ def submit_job() -> tuple[Response, int, dict[str, str]]:
     headers = {"Location": url_for("jobs.get_job", job_id=job.id)}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
+    else:
+        JOBS_SUBMITTED.labels(template=job.template).inc()
     return jsonify(job_view(job)), 201, headers
 
 

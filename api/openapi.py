@@ -7,7 +7,16 @@ from typing import Any
 from pydantic import BaseModel
 
 import gpupool
-from api.schemas import IDEMPOTENCY_KEY_PATTERN, JOB_STATES, ErrorOut, JobList, JobOut, SubmitRequest, TemplateList
+from api.schemas import (
+    IDEMPOTENCY_KEY_PATTERN,
+    JOB_STATES,
+    ErrorOut,
+    JobList,
+    JobOut,
+    SubmitRequest,
+    TemplateList,
+    UsageOut,
+)
 from gpupool.templates import Template
 
 _REF = "#/components/schemas/{model}"
@@ -31,13 +40,14 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
-    schemas = _schemas(SubmitRequest, JobOut, JobList, TemplateList, ErrorOut)
+    schemas = _schemas(SubmitRequest, JobOut, JobList, TemplateList, ErrorOut, UsageOut)
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
     for template in templates.values():
         schemas[template.params_model.__name__] = template.parameter_schema()
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
     auth_errors = (401, 429, 503)
+    account_param = {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: another account"}
     return {
         "openapi": "3.1.0",
         "info": {"title": "gpupool", "version": gpupool.__version__},
@@ -56,7 +66,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                     "requestBody": {"required": True, "content": _json("SubmitRequest")},
                     "responses": {
                         "201": {"description": "Submitted", "content": _json("JobOut")},
-                        **_errors(400, 403, 409, 413, 415, 422, *auth_errors),
+                        **_errors(400, 402, 403, 409, 413, 415, 422, *auth_errors),
                     },
                 }
             },
@@ -99,6 +109,26 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                     "responses": {"200": {"description": "Log lines", "content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors(400, 404, *auth_errors)},
                 }
             },
+            "/invoices/{period}": {
+                "get": {
+                    "summary": "The account's invoice for a UTC month, as an RFC 4180 CSV attachment",
+                    "parameters": [
+                        {"name": "period", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9]{4}-(0[1-9]|1[0-2])$"}},
+                        account_param,
+                    ],
+                    "responses": {"200": {"description": "Invoice lines, adjustments, total", "content": {"text/csv": {"schema": {"type": "string"}}}}, **_errors(400, 404, *auth_errors)},
+                }
+            },
+            "/usage": {
+                "get": {
+                    "summary": "GPU-seconds and money by GPU type and by day, and the balance",
+                    "parameters": [
+                        {"name": "period", "in": "query", "schema": {"type": "string", "pattern": "^[0-9]{4}-(0[1-9]|1[0-2])$"}, "description": "Default: this month"},
+                        account_param,
+                    ],
+                    "responses": {"200": {"description": "Usage", "content": _json("UsageOut")}, **_errors(400, 404, *auth_errors)},
+                }
+            },
             "/templates": {
                 "get": {
                     "summary": "Templates and their parameter schemas",
@@ -108,5 +138,12 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
             "/healthz": {"get": {"summary": "The process is up", "security": [], "responses": {"200": {"description": "Up"}}}},
             "/readyz": {"get": {"summary": "Slurm and the database answer", "security": [], "responses": {"200": {"description": "Ready"}, **_errors(503)}}},
             "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics; only from the addresses in metrics_allow_cidrs (404 elsewhere)",
+                    "security": [],
+                    "responses": {"200": {"description": "Prometheus text format"}, **_errors(404)},
+                }
+            },
         },
     }

@@ -87,3 +87,36 @@ class TemplateList(BaseModel):
 class ErrorOut(BaseModel):
     error: str = Field(description="Stable machine-readable code.")
     message: str = Field(description="A sentence for people.")
+
+
+class UsageByType(BaseModel):
+    gpu_type: str
+    gpu_seconds: int
+    amount: str = Field(description="Exact, unrounded")
+
+
+class UsageByDay(BaseModel):
+    date: str = Field(description="UTC day, YYYY-MM-DD")
+    gpu_seconds: int
+    amount: str = Field(description="Exact, unrounded")
+
+
+class BalanceOut(BaseModel):
+    prepaid_credit: str | None
+    monthly_limit: str | None
+    spent_total: str | None
+    spent_this_month: str | None
+    remaining: str | None = Field(description="What the tighter budget leaves; null when the account has none")
+
+
+class UsageOut(BaseModel):
+    account: str
+    period: str
+    currency: str
+    gpu_seconds: int
+    charges: str = Field(description="Job lines, each rounded to the cent as on the invoice")
+    adjustments: str
+    total: str = Field(description="Equals the invoice's total line")
+    by_gpu_type: list[UsageByType]
+    by_day: list[UsageByDay]
+    balance: BalanceOut

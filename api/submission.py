@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from api.context import AppState
 from api.schemas import SubmitRequest
+from billing.budgets import check_submit
 from gpupool.db import utcnow
 from gpupool.errors import (
     CommandTimedOut,
@@ -225,6 +226,17 @@ def submit(
 
     _check_resources(app, req, gpus, template.max_gpus)
     settings = app.settings
+    time_limit_min = req.time_limit_min or settings.default_time_limit_min
+    if account.prepaid_credit_nanos is not None or account.monthly_limit_nanos is not None:
+        check_submit(
+            session,
+            account.name,
+            gpus=gpus,
+            gpu_type=req.gpu_type,
+            time_limit_min=time_limit_min,
+            currency=settings.currency,
+            now=utcnow(),
+        )
     job_id = str(uuid.uuid4())
     job = Job(
         id=job_id,
@@ -237,7 +249,7 @@ def submit(
         gpu_type=req.gpu_type,
         cpus=req.cpus or settings.default_cpus,
         mem_gb=req.mem_gb or settings.default_mem_gb,
-        time_limit_min=req.time_limit_min or settings.default_time_limit_min,
+        time_limit_min=time_limit_min,
         container_image=req.container_image,
         job_dir=str(Path(settings.job_root) / caller.account / job_id),
         state=SUBMITTING,

@@ -24,7 +24,7 @@ from gpupool.errors import ConfigError
 
 ENV_PREFIX = "GPUPOOL_"
 CONTAINER_RUNTIMES = ("none", "pyxis", "docker")
-_PATH_FIELDS = ("templates_dir", "job_root", "jwt_public_key_file", "jwt_private_key_file")
+_PATH_FIELDS = ("templates_dir", "job_root", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,34 @@ class Settings:
     refresh_interval_s: float = 5.0
     cluster_shape_ttl_s: float = 60.0
 
+    # `gpupool top` reads each node's GPU exporter at http://<node>:<port>/metrics.
+    gpu_exporter_port: int = 9400
+    gpu_exporter_timeout_s: float = 2.0
+    # Who may read the API's /metrics (no token needed); anyone else gets 404. Empty: nobody.
+    metrics_allow_cidrs: tuple[str, ...] = (
+        "127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
+    )
+
     templates_dir: str = "slurm_templates"
     job_root: str = "var/jobs"
     job_path: str = "/usr/local/bin:/usr/bin:/bin"
     container_runtime: str = "none"
     container_allowlist: tuple[str, ...] = ()
     container_mounts: tuple[str, ...] = ()
+
+    # Billing. Money is kept in integer nano-units of this currency (billing.money).
+    currency: str = "USD"
+    # Each pass reads sacct from (last mark - overlap): records slurmdbd receives
+    # late, after an outage of up to this long, are still billed.
+    billing_overlap_s: int = 6 * 3600
+    # The very first pass, with no mark yet, looks back this far; older usage
+    # is billed with `gpupool billing run --since`.
+    billing_initial_lookback_s: int = 24 * 3600
+    billing_backfill_chunk_s: int = 24 * 3600
+    billing_sacct_timeout_s: float = 300.0
+    billing_archive_dir: str = "var/billing"
+    billing_credit_failed_nodes: bool = True
+    billing_cancel_exhausted: bool = False
 
     max_request_bytes: int = 256 * 1024
     default_cpus: int = 1
@@ -73,6 +95,8 @@ class Settings:
             raise ConfigError(f"jwt_algorithm must be HS256 or RS256, not {self.jwt_algorithm!r}")
         if self.refresh_interval_s <= 0:
             raise ConfigError("refresh_interval_s must be positive")
+        if self.billing_overlap_s < 0 or self.billing_backfill_chunk_s <= 0:
+            raise ConfigError("billing_overlap_s must be 0 or more and billing_backfill_chunk_s positive")
 
     def slurm_bin(self, command: str) -> str:
         return str(Path(self.slurm_bin_dir) / command)
@@ -160,6 +184,7 @@ def load_settings(
             values[name] = str(Path(values[name]).expanduser().resolve())
     values.setdefault("templates_dir", str(Path(Settings.templates_dir).resolve()))
     values.setdefault("job_root", str(Path(Settings.job_root).resolve()))
+    values.setdefault("billing_archive_dir", str(Path(Settings.billing_archive_dir).resolve()))
     values["database_url"] = _absolute_sqlite_url(values.get("database_url", Settings.database_url))
     return Settings(**values)
 

@@ -2,12 +2,14 @@
 
     GpupoolError
     ├── ConfigError                 settings missing or malformed
+    │   └── PriceMissing            usage of a GPU type that has no price yet
     ├── MigrationRequired           database schema is not at the code's revision
     ├── RequestError                the caller asked for something wrong
     │   ├── BadRequest              malformed body or query (400)
     │   │   └── UnknownFields       fields the schema does not define (400)
     │   ├── Unauthorized            no token, bad token (401)
     │   ├── Forbidden               valid token, not allowed (403)
+    │   ├── PaymentRequired         the account's budget cannot cover the job (402)
     │   ├── NotFound                no such resource for this caller (404)
     │   ├── Conflict                state or idempotency clash (409)
     │   ├── PayloadTooLarge         body over the configured limit (413)
@@ -48,6 +50,10 @@ class ConfigError(GpupoolError):
     code = "config_error"
 
 
+class PriceMissing(ConfigError):
+    code = "price_missing"
+
+
 class MigrationRequired(GpupoolError):
     code = "migration_required"
 
@@ -78,6 +84,10 @@ class Unauthorized(RequestError):
 
 class Forbidden(RequestError):
     code = "forbidden"
+
+
+class PaymentRequired(RequestError):
+    code = "payment_required"
 
 
 class NotFound(RequestError):

@@ -19,6 +19,7 @@ from sqlalchemy.orm import sessionmaker
 
 from gpupool.db import utcnow
 from gpupool.errors import SlurmUnavailable
+from gpupool.metrics import REFRESH_PASSES, REFRESH_SECONDS
 from gpupool.models import TERMINAL_STATES, Job, SlurmSync
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import TAG_PREFIX
@@ -103,12 +104,14 @@ class JobStateRefresher:
             return False
         self._not_before = now + self.interval
         error: str | None = None
-        try:
-            self.refresh(now)
-        except SlurmUnavailable as exc:
-            # Callers keep serving the last known states; the next lease retries.
-            error = exc.message
-            log.warning("job state refresh failed: %s", exc.message)
+        with REFRESH_SECONDS.time():
+            try:
+                self.refresh(now)
+            except SlurmUnavailable as exc:
+                # Callers keep serving the last known states; the next lease retries.
+                error = exc.message
+                log.warning("job state refresh failed: %s", exc.message)
+        REFRESH_PASSES.labels(outcome="ok" if error is None else "failed").inc()
         with self._sessions() as session, session.begin():
             session.execute(
                 update(SlurmSync).where(SlurmSync.id == LEASE_ID).values(finished_at=utcnow(), last_error=error)

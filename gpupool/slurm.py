@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, SlurmRejected, SlurmUnavailable
+from gpupool.metrics import observe_slurm_commands
 from gpupool.proc import CommandResult, minimal_env, run_command
+from gpupool.slurm_detail import RunningJob, parse_running_jobs
 from gpupool.slurm_parse import (
     ParseError,
     base_state,
@@ -147,7 +149,7 @@ def parse_inventory(text: str) -> GpuInventory:
 class SlurmClient:
     def __init__(self, settings: Settings, runner: Runner = run_command) -> None:
         self.settings = settings
-        self._run = runner
+        self._run = observe_slurm_commands(runner)
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -234,7 +236,44 @@ class SlurmClient:
         except (ParseError, KeyError) as exc:
             raise SlurmUnavailable(f"unexpected sinfo output: {exc}") from exc
 
+    def running_gpu_jobs(self) -> list[RunningJob]:
+        """Every running job that holds GPUs, whoever submitted it, with its GPU indices per node."""
+        result = self._command("scontrol", ["show", "job", "--details", "--oneliner"])
+        try:
+            jobs = parse_running_jobs(result.stdout)
+        except (ParseError, KeyError, ValueError) as exc:
+            raise SlurmUnavailable(f"unexpected scontrol output: {exc}") from exc
+        return [job for job in jobs if job.gpus]
+
     # -- accounts -----------------------------------------------------------------
+
+    def billing_accounting(self, start: dt.datetime, end: dt.datetime, fields: Sequence[str], delimiter: str) -> str:
+        """Raw ``sacct`` text of every allocation, of every user, in every run, active in [start, end].
+
+        sacct exits 1 when slurmdbd is down; any ``error:`` it prints is also a
+        failure, so a pass never mistakes a half answer for "no jobs".
+        """
+        window = [f"--starttime={start:%Y-%m-%dT%H:%M:%S}", f"--endtime={end:%Y-%m-%dT%H:%M:%S}"]
+        result = self._command(
+            "sacct",
+            [
+                "--allusers",
+                "--allocations",
+                "--duplicates",
+                "--parsable2",
+                f"--delimiter={delimiter}",
+                *window,
+                "--format=" + ",".join(fields),
+            ],
+            timeout_s=self.settings.billing_sacct_timeout_s,
+        )
+        if "error:" in result.stderr:
+            raise CommandFailed(result.argv, result.returncode, result.stderr)
+        return result.stdout
+
+    def cancel_account_jobs(self, account: str) -> None:
+        """Cancel every pending and running job of ``account``, whoever submitted it."""
+        self._command("scancel", [f"--account={account}"])
 
     def _sacctmgr_rows(self, args: Sequence[str]) -> list[str]:
         result = self._command("sacctmgr", ["--noheader", "--parsable2", *args])

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 from sqlalchemy import select
 
+from billing.money import format_nanos
 from gpupool import db
+from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool.config import Settings, load_settings
 from gpupool.errors import GpupoolError
 from gpupool.models import ACCOUNT_NAME, Account
@@ -66,7 +68,9 @@ def cmd_account_list(settings: Settings, _args: argparse.Namespace) -> int:
     with db.make_session_factory(engine)() as session:
         for account in session.scalars(select(Account).order_by(Account.name)):
             limit = "-" if account.gpu_limit is None else str(account.gpu_limit)
-            print(f"{account.name}\tgpu_limit={limit}")
+            credit = "-" if account.prepaid_credit_nanos is None else format_nanos(account.prepaid_credit_nanos)
+            monthly = "-" if account.monthly_limit_nanos is None else format_nanos(account.monthly_limit_nanos)
+            print(f"{account.name}\tgpu_limit={limit}\tcredit={credit}\tmonthly_limit={monthly}")
     return 0
 
 
@@ -106,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.set_defaults(handler=cmd_account_create)
     listing = account.add_parser("list", help="list accounts")
     listing.set_defaults(handler=cmd_account_list)
+    add_billing_parsers(sub, account)
 
     token = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
     token_create = token.add_parser("create", help="print a signed JWT")
@@ -119,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=5000)
     serve.set_defaults(handler=cmd_serve)
+
+    from gpupool_cli.top import add_top_parser  # the view keeps its own options
+
+    add_top_parser(sub)
     return parser
 
 

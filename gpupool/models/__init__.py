@@ -2,6 +2,19 @@
 
 from gpupool.db import Base
 from gpupool.models.accounts import ACCOUNT_NAME, Account
+from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
 from gpupool.models.jobs import TERMINAL_STATES, Job, SlurmSync
 
-__all__ = ["ACCOUNT_NAME", "TERMINAL_STATES", "Account", "Base", "Job", "SlurmSync"]
+__all__ = [
+    "ACCOUNT_NAME",
+    "TERMINAL_STATES",
+    "Account",
+    "Adjustment",
+    "Base",
+    "BillingPass",
+    "BillingState",
+    "Job",
+    "LedgerEntry",
+    "Price",
+    "SlurmSync",
+]

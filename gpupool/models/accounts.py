@@ -3,7 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from sqlalchemy import Integer, String
+from sqlalchemy import BigInteger, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpupool.db import Base, UTCDateTime, utcnow
@@ -20,3 +20,6 @@ class Account(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     gpu_limit: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Budgets, in nano-units: total prepaid credit granted, and a spend cap per UTC month.
+    prepaid_credit_nanos: Mapped[int | None] = mapped_column(BigInteger)
+    monthly_limit_nanos: Mapped[int | None] = mapped_column(BigInteger)

@@ -54,7 +54,7 @@ def test_account_create_makes_the_slurm_account_association_and_gpu_limit(sqlite
     rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres").split()
     assert f"{new_account}||gres/gpu=3" in rows
     listed = run_cli("account", "list", database_url=sqlite_url)
-    assert f"{new_account}\tgpu_limit=3" in listed.stdout.splitlines()
+    assert f"{new_account}\tgpu_limit=3\tcredit=-\tmonthly_limit=-" in listed.stdout.splitlines()
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from gpupool.slurm_parse import (
     GresEntry,
     ParseError,
     base_state,
-    gpus_from_tres,
+    gpus_by_type,
     parse_delimited,
     parse_exit_code,
     parse_gres,
@@ -403,20 +403,22 @@ def test_parse_delimited_empty_fields() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (RECORDED_CFG_TRES, (4, "rtx4090")),
-        ("cpu=1,mem=4G,node=1,billing=1,gres/gpu=2,gres/gpu:rtx4090=2", (2, "rtx4090")),
-        ("gres/gpu:rtx4090=2,gres/gpu=2", (2, "rtx4090")),
-        ("cpu=1,gres/gpu:rtx4090=2", (2, "rtx4090")),
-        ("gres/gpu=3", (3, None)),
-        ("gres/gpu=3,gres/gpu:a100=1,gres/gpu:rtx4090=2", (3, None)),
-        ("gres/gpu:a100=1,gres/gpu:rtx4090=2", (3, None)),
-        ("gres/gpumem=24G,gres/gpu=1", (1, None)),
-        ("cpu=1,mem=4G", (0, None)),
-        ("", (0, None)),
+        (RECORDED_CFG_TRES, {"rtx4090": 4}),
+        ("cpu=1,mem=4G,node=1,billing=1,gres/gpu=2,gres/gpu:rtx4090=2", {"rtx4090": 2}),
+        ("gres/gpu:rtx4090=2,gres/gpu=2", {"rtx4090": 2}),
+        ("cpu=1,gres/gpu:rtx4090=2", {"rtx4090": 2}),
+        ("gres/gpu=3", {"untyped": 3}),
+        ("gres/gpu=3,gres/gpu:a100=1,gres/gpu:rtx4090=2", {"a100": 1, "rtx4090": 2}),
+        ("gres/gpu=4,gres/gpu:rtx4090=2", {"rtx4090": 2, "untyped": 2}),
+        ("gres/gpu:a100=1,gres/gpu:rtx4090=2", {"a100": 1, "rtx4090": 2}),
+        ("gres/gpumem=24G,gres/gpu=1", {"untyped": 1}),
+        ("gres/gpu=0", {}),
+        ("cpu=1,mem=4G", {}),
+        ("", {}),
     ],
 )
-def test_gpus_from_tres(text: str, expected: tuple[int, str | None]) -> None:
-    assert gpus_from_tres(text) == expected
+def test_gpus_by_type_never_adds_typed_and_untyped_keys(text: str, expected: dict[str, int]) -> None:
+    assert gpus_by_type(text) == expected
 
 
 @pytest.mark.parametrize(

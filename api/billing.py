@@ -1,0 +1,64 @@
+"""Invoices and usage: billing's own functions, behind the API's account rules.
+
+A customer sees only their own account; anyone else's is a 404, exactly as
+for an account that does not exist. An admin token may name any account.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from flask import Blueprint, Response, jsonify, request
+
+from api.context import db_session, principal, state
+from billing.invoice import check_period, invoice_csv_chunks, invoice_filename
+from billing.meter import period_of
+from billing.usage import usage
+from gpupool.db import utcnow
+from gpupool.errors import NotFound
+from gpupool.models import Account
+
+billing_bp = Blueprint("billing", __name__)
+
+
+def _visible_account() -> str:
+    caller = principal()
+    wanted = request.args.get("account") or caller.account
+    if wanted != caller.account and not caller.is_admin:
+        raise NotFound(f"no account {wanted!r} visible to you")
+    if db_session().get(Account, wanted) is None:
+        raise NotFound(f"no account {wanted!r} visible to you")
+    return wanted
+
+
+@billing_bp.get("/invoices/<period>")
+def get_invoice(period: str) -> Response:
+    check_period(period)
+    account = _visible_account()
+    app = state()
+    currency = app.settings.currency
+
+    def stream() -> Iterator[str]:
+        # Its own connection: the request's session is closed before the body is sent.
+        session = app.session_factory()
+        try:
+            yield from invoice_csv_chunks(session.connection(), account, period, currency)
+        finally:
+            session.close()
+
+    return Response(
+        stream(),
+        mimetype="text/csv",
+        headers={
+            "Content-Disposition": f'attachment; filename="{invoice_filename(account, period)}"',
+            "Cache-Control": "private, no-store",
+        },
+    )
+
+
+@billing_bp.get("/usage")
+def get_usage() -> Response:
+    now = utcnow()
+    period = check_period(request.args.get("period") or period_of(now))
+    account = _visible_account()
+    return jsonify(usage(db_session(), account, period, state().settings.currency, now))

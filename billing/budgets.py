@@ -1,0 +1,139 @@
+"""Spend, budgets and the worst-case check made before a job is submitted.
+
+An account may carry a prepaid credit (total granted; what is left is the
+credit minus all spend ever) and a monthly limit (what is left is the limit
+minus this UTC month's spend). With both, the smaller remainder counts.
+Spend is exact: ledger amounts plus adjustments, in nano-units, unrounded.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from billing.meter import PriceBook, period_of
+from billing.money import format_nanos
+from billing.prices import load_prices
+from gpupool.errors import NotFound, PaymentRequired
+from gpupool.models import Account, Adjustment, Job, LedgerEntry
+
+
+def spend_nanos(session: Session, account: str, period: str | None = None) -> int:
+    """Ledger charges plus adjustments of ``account``: in ``period``, or ever."""
+    ledger = select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(LedgerEntry.account == account)
+    adjustments = select(func.coalesce(func.sum(Adjustment.amount_nanos), 0)).where(Adjustment.account == account)
+    if period is not None:
+        ledger = ledger.where(LedgerEntry.period == period)
+        adjustments = adjustments.where(Adjustment.period == period)
+    return int(session.scalar(ledger) or 0) + int(session.scalar(adjustments) or 0)
+
+
+@dataclass(frozen=True)
+class Balance:
+    prepaid_credit_nanos: int | None
+    monthly_limit_nanos: int | None
+    spent_total_nanos: int
+    spent_period_nanos: int
+
+    @property
+    def remaining_nanos(self) -> int | None:
+        remainders = []
+        if self.prepaid_credit_nanos is not None:
+            remainders.append(self.prepaid_credit_nanos - self.spent_total_nanos)
+        if self.monthly_limit_nanos is not None:
+            remainders.append(self.monthly_limit_nanos - self.spent_period_nanos)
+        return min(remainders) if remainders else None
+
+    def as_json(self) -> dict[str, str | None]:
+        def text(value: int | None) -> str | None:
+            return None if value is None else format_nanos(value)
+
+        return {
+            "prepaid_credit": text(self.prepaid_credit_nanos),
+            "monthly_limit": text(self.monthly_limit_nanos),
+            "spent_total": text(self.spent_total_nanos),
+            "spent_this_month": text(self.spent_period_nanos),
+            "remaining": text(self.remaining_nanos),
+        }
+
+
+def balance(session: Session, account: str, now: dt.datetime) -> Balance:
+    row = session.get(Account, account)
+    if row is None:
+        raise NotFound(f"no account {account!r}")
+    return Balance(
+        prepaid_credit_nanos=row.prepaid_credit_nanos,
+        monthly_limit_nanos=row.monthly_limit_nanos,
+        spent_total_nanos=spend_nanos(session, account) if row.prepaid_credit_nanos is not None else 0,
+        spent_period_nanos=spend_nanos(session, account, period_of(now)),
+    )
+
+
+def remaining_nanos(session: Session, account: str, now: dt.datetime) -> int | None:
+    return balance(session, account, now).remaining_nanos
+
+
+def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.datetime) -> int:
+    """Worst case still to come from the account's unfinished API jobs, net of what is billed."""
+    committed = 0
+    jobs = session.execute(
+        select(Job.id, Job.gpus, Job.gpu_type, Job.time_limit_min).where(Job.account == account, Job.finished.is_(False))
+    )
+    for job_id, gpus, gpu_type, time_limit_min in jobs:
+        if gpus <= 0:
+            continue
+        worst = gpus * time_limit_min * 60 * prices.highest(gpu_type, now)
+        billed = session.scalar(
+            select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(LedgerEntry.gpupool_job_id == job_id)
+        )
+        committed += max(0, worst - int(billed or 0))
+    return committed
+
+
+def check_submit(
+    session: Session,
+    account: str,
+    *,
+    gpus: int,
+    gpu_type: str | None,
+    time_limit_min: int,
+    currency: str,
+    now: dt.datetime,
+) -> None:
+    """Raise PaymentRequired unless the account's budget covers this job's worst case.
+
+    The worst case is GPUs x time limit x price, at the highest price of any
+    type when no type is asked for; jobs already queued or running count
+    with their own worst case, less what they have been billed so far.
+    """
+    current = balance(session, account, now)
+    remaining = current.remaining_nanos
+    if remaining is None:
+        return
+    left = remaining
+    if left <= 0:
+        raise PaymentRequired(
+            f"account {account} has no budget left ({format_nanos(left)} {currency}); "
+            "ask your operator for more credit or a higher monthly limit",
+            remaining=format_nanos(left),
+            required=None,
+            currency=currency,
+        )
+    if gpus <= 0:
+        return
+    prices = load_prices(session)
+    worst = gpus * time_limit_min * 60 * prices.highest(gpu_type, now)
+    left -= _committed_nanos(session, account, prices, now)
+    if worst > left:
+        raise PaymentRequired(
+            f"this job could cost up to {format_nanos(worst)} {currency} "
+            f"({gpus} GPU(s) x {time_limit_min} min), but account {account} has "
+            f"{format_nanos(max(left, 0))} {currency} left after its queued and running jobs; "
+            "ask for fewer GPUs or a shorter time limit",
+            remaining=format_nanos(max(left, 0)),
+            required=format_nanos(worst),
+            currency=currency,
+        )

@@ -1,0 +1,240 @@
+"""Turning job runs into ledger rows: pure arithmetic, no database, no Slurm.
+
+A run's rows always cover ``[start, start + billed seconds)`` with no gap and
+no overlap. Each pass bills from where the run's rows end to its current
+``ElapsedRaw``, cut at UTC month starts and at price changes, so every row
+belongs to one invoice period and carries one unit price.
+
+sacct computes a running job's ``ElapsedRaw`` as "now - start" until
+slurmdbd hears that the job ended, which can be late (slurmdbd was down,
+or its queue was behind). A pass can therefore bill a few seconds past the
+real end. When the finished record arrives, ``meter`` appends correction
+rows (negative seconds) for the excess, so for every finished run the rows'
+GPU-seconds add up to GPUs x ``ElapsedRaw`` exactly. The rows written from
+the finished record are marked ``final``; after that the run takes no more
+rows, so an old snapshot replayed late cannot bill it again. (A finished
+record that adds nothing still writes one zero-second final row.)
+Nothing is ever updated.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
+
+from billing.sacct import FAILED_NODE_STATES, JobRun
+from gpupool.errors import PriceMissing
+
+ANY_GPU_TYPE = "*"
+RunKey = tuple[str, int, dt.datetime, str]  # cluster, job id, run start, GPU type
+
+
+@dataclass(slots=True)
+class Billed:
+    """What the ledger holds for one run key: net seconds, and whether the run is closed."""
+
+    seconds: int = 0
+    final: bool = False
+_ONE_SECOND = dt.timedelta(seconds=1)
+
+
+def period_of(moment: dt.datetime) -> str:
+    return f"{moment.year:04d}-{moment.month:02d}"
+
+
+def next_month_start(moment: dt.datetime) -> dt.datetime:
+    if moment.month == 12:
+        return dt.datetime(moment.year + 1, 1, 1, tzinfo=dt.UTC)
+    return dt.datetime(moment.year, moment.month + 1, 1, tzinfo=dt.UTC)
+
+
+class PriceBook:
+    """Unit prices (nano-units per GPU-second) by GPU type over time."""
+
+    def __init__(self, prices: Iterable[tuple[str, dt.datetime, int]]) -> None:
+        by_type: dict[str, list[tuple[dt.datetime, int]]] = {}
+        for gpu_type, effective_from, nanos in prices:
+            by_type.setdefault(gpu_type, []).append((effective_from, nanos))
+        self._starts: dict[str, list[dt.datetime]] = {}
+        self._nanos: dict[str, list[int]] = {}
+        for gpu_type, entries in by_type.items():
+            entries.sort()
+            self._starts[gpu_type] = [start for start, _ in entries]
+            self._nanos[gpu_type] = [nanos for _, nanos in entries]
+
+    def _schedule(self, gpu_type: str, moment: dt.datetime) -> tuple[list[dt.datetime], list[int], int]:
+        for candidate in (gpu_type, ANY_GPU_TYPE):
+            starts = self._starts.get(candidate)
+            if starts:
+                index = bisect.bisect_right(starts, moment) - 1
+                if index >= 0:
+                    return starts, self._nanos[candidate], index
+        raise PriceMissing(
+            f"no price for GPU type {gpu_type!r} at {moment:%Y-%m-%dT%H:%M:%SZ}; "
+            f"set one with `gpupool price set {gpu_type} PRICE --from ...` (or a default for '*')",
+            gpu_type=gpu_type,
+        )
+
+    def price_at(self, gpu_type: str, moment: dt.datetime) -> tuple[int, dt.datetime | None]:
+        """The unit price in force at ``moment`` and when it next changes (None: not scheduled)."""
+        starts, nanos, index = self._schedule(gpu_type, moment)
+        next_change = starts[index + 1] if index + 1 < len(starts) else None
+        return nanos[index], next_change
+
+    def price_since(self, gpu_type: str, moment: dt.datetime) -> tuple[int, dt.datetime]:
+        """The unit price in force at ``moment`` and since when."""
+        starts, nanos, index = self._schedule(gpu_type, moment)
+        return nanos[index], starts[index]
+
+    def highest(self, gpu_type: str | None, moment: dt.datetime) -> int:
+        """Worst-case price at ``moment`` for a GPU of ``gpu_type`` (None: any type)."""
+        if gpu_type is not None:
+            return self.price_at(gpu_type, moment)[0]
+        known = [self.price_at(name, moment)[0] for name in self._starts if self._starts[name][0] <= moment]
+        if not known:
+            raise PriceMissing("no GPU prices are set; set them with `gpupool price set TYPE PRICE`")
+        return max(known)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    run: JobRun
+    gpu_type: str
+    gpus: int
+    period: str
+    interval_from: dt.datetime
+    interval_to: dt.datetime
+    seconds: int
+    gpu_seconds: int
+    unit_price_nanos: int
+    amount_nanos: int
+    correction: bool = False
+    final: bool = False
+
+
+def month_start(moment: dt.datetime) -> dt.datetime:
+    return dt.datetime(moment.year, moment.month, 1, tzinfo=dt.UTC)
+
+
+def _corrections(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBook) -> list[LedgerRow]:
+    """Negative rows taking back ``[start + ElapsedRaw, start + billed_s)``, cut as the rows it reverses were."""
+    rows: list[LedgerRow] = []
+    end = run.start + run.elapsed_s * _ONE_SECOND
+    moment = run.start + billed_s * _ONE_SECOND
+    while moment > end:
+        last_second = moment - _ONE_SECOND
+        unit_price, price_start = prices.price_since(gpu_type, last_second)
+        cut = max(end, month_start(last_second), price_start)
+        seconds = (moment - cut) // _ONE_SECOND
+        rows.append(
+            LedgerRow(
+                run=run,
+                gpu_type=gpu_type,
+                gpus=gpus,
+                period=period_of(cut),
+                interval_from=cut,
+                interval_to=moment,
+                seconds=-seconds,
+                gpu_seconds=-gpus * seconds,
+                unit_price_nanos=unit_price,
+                amount_nanos=-gpus * seconds * unit_price,
+                correction=True,
+                final=True,
+            )
+        )
+        moment = cut
+    rows.reverse()
+    return rows
+
+
+def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBook) -> list[LedgerRow]:
+    """Rows for ``[start + billed_s, start + ElapsedRaw)``, cut at month starts and price changes."""
+    rows: list[LedgerRow] = []
+    moment = run.start + billed_s * _ONE_SECOND
+    end = run.start + run.elapsed_s * _ONE_SECOND
+    while moment < end:
+        unit_price, price_change = prices.price_at(gpu_type, moment)
+        cut = min(end, next_month_start(moment))
+        if price_change is not None and price_change < cut:
+            cut = price_change
+        seconds = (cut - moment) // _ONE_SECOND
+        gpu_seconds = gpus * seconds
+        rows.append(
+            LedgerRow(
+                run=run,
+                gpu_type=gpu_type,
+                gpus=gpus,
+                period=period_of(moment),
+                interval_from=moment,
+                interval_to=cut,
+                seconds=seconds,
+                gpu_seconds=gpu_seconds,
+                unit_price_nanos=unit_price,
+                amount_nanos=gpu_seconds * unit_price,
+            )
+        )
+        moment = cut
+    return rows
+
+
+def _final_marker(run: JobRun, gpu_type: str, gpus: int, prices: PriceBook) -> LedgerRow:
+    end = run.start + run.elapsed_s * _ONE_SECOND
+    unit_price, _ = prices.price_since(gpu_type, end - _ONE_SECOND if run.elapsed_s else end)
+    return LedgerRow(run, gpu_type, gpus, period_of(end), end, end, 0, 0, unit_price, 0, final=True)
+
+
+def meter(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], prices: PriceBook) -> list[LedgerRow]:
+    """Rows for every second of ``runs`` not yet in ``billed`` (which is updated as rows are made)."""
+    rows: list[LedgerRow] = []
+    for run in runs:
+        for gpu_type, gpus in run.gpus.items():
+            key = (run.cluster, run.job_id_raw, run.start, gpu_type)
+            done = billed.get(key) or Billed()
+            if done.final:
+                continue  # Slurm's final record is billed; later snapshots are older news
+            if not run.finished:
+                if run.elapsed_s > done.seconds:
+                    rows.extend(_usage(run, gpu_type, gpus, done.seconds, prices))
+                    billed[key] = Billed(run.elapsed_s, False)
+                continue  # an older snapshot of a run still going: nothing new
+            if run.elapsed_s > done.seconds:
+                closing = _usage(run, gpu_type, gpus, done.seconds, prices)
+                closing[-1] = dataclasses.replace(closing[-1], final=True)
+            elif run.elapsed_s < done.seconds:
+                closing = _corrections(run, gpu_type, gpus, done.seconds, prices)
+            elif done.seconds > 0:
+                closing = [_final_marker(run, gpu_type, gpus, prices)]
+            else:
+                continue  # never billed, never ran a second: nothing to close
+            rows.extend(closing)
+            billed[key] = Billed(run.elapsed_s, True)
+    return rows
+
+
+def billed_by_run(rows: Iterable[tuple[str, int, dt.datetime, str, int, bool]]) -> dict[RunKey, Billed]:
+    """``(cluster, job id, start, type, seconds, final)`` ledger rows folded per run key."""
+    totals: dict[RunKey, Billed] = {}
+    for cluster, job_id_raw, start, gpu_type, seconds, final in rows:
+        entry = totals.setdefault((cluster, job_id_raw, start, gpu_type), Billed())
+        entry.seconds += seconds
+        entry.final = entry.final or bool(final)
+    return totals
+
+
+def failed_node_credits(runs: Iterable[JobRun], amounts: Mapping[tuple[RunKey, str], int]) -> list[tuple[JobRun, str, int]]:
+    """``(run, period, credit)`` for each finished NODE_FAIL/BOOT_FAIL run's charges per period."""
+    credits: list[tuple[JobRun, str, int]] = []
+    for run in runs:
+        if run.state not in FAILED_NODE_STATES:
+            continue
+        per_period: dict[str, int] = {}
+        for gpu_type in run.gpus:
+            key = (run.cluster, run.job_id_raw, run.start, gpu_type)
+            for (run_key, period), nanos in amounts.items():
+                if run_key == key:
+                    per_period[period] = per_period.get(period, 0) + nanos
+        credits.extend((run, period, -nanos) for period, nanos in sorted(per_period.items()) if nanos)
+    return credits

@@ -1,0 +1,61 @@
+"""Money as integer nano-units (1e-9 of the currency), and the one rounding rule.
+
+Rounding rule: every ledger amount is exact (GPU-seconds x unit price, both
+integers). Amounts are rounded only once, per invoice line, to the cent, half
+away from zero (0.005 -> 0.01, -0.005 -> -0.01). An invoice total is the sum
+of its rounded lines, so it always equals what the lines add up to.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+NANOS = 10**9
+CENT_NANOS = 10**7
+_AMOUNT = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
+
+
+class MoneyError(ValueError):
+    """A price or amount that cannot be held exactly."""
+
+
+def parse_nanos(text: str, *, what: str = "amount") -> int:
+    """``"0.00012"`` -> 120000. Refuses floats' spellings, exponents and more than 9 decimals."""
+    text = text.strip()
+    if not _AMOUNT.match(text):
+        raise MoneyError(f"{what} {text!r} is not a decimal number such as 12.50")
+    try:
+        scaled = Decimal(text) * NANOS
+    except InvalidOperation as exc:
+        raise MoneyError(f"{what} {text!r} is not a decimal number") from exc
+    if scaled != scaled.to_integral_value():
+        raise MoneyError(f"{what} {text!r} has more than 9 decimal places")
+    return int(scaled)
+
+
+def round_to_cents(nanos: int) -> int:
+    """Whole cents, half away from zero."""
+    cents, rest = divmod(abs(nanos), CENT_NANOS)
+    if rest * 2 >= CENT_NANOS:
+        cents += 1
+    return -cents if nanos < 0 else cents
+
+
+def format_cents(cents: int) -> str:
+    sign = "-" if cents < 0 else ""
+    whole, part = divmod(abs(cents), 100)
+    return f"{sign}{whole}.{part:02d}"
+
+
+def format_nanos(nanos: int) -> str:
+    """Exact decimal text, trailing zeros trimmed to no fewer than 2 decimals: 120000 -> '0.00012'."""
+    sign = "-" if nanos < 0 else ""
+    whole, part = divmod(abs(nanos), NANOS)
+    decimals = f"{part:09d}".rstrip("0")
+    return f"{sign}{whole}.{decimals.ljust(2, '0')}"
+
+
+def line_amount(nanos: int) -> str:
+    """An invoice line's amount: ``nanos`` rounded by the rule above, as text."""
+    return format_cents(round_to_cents(nanos))

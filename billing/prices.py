@@ -1,0 +1,54 @@
+"""Prices per GPU type with effective dates. A new price never touches billed rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from billing.meter import ANY_GPU_TYPE, PriceBook
+from billing.money import format_nanos
+from gpupool.errors import Conflict, ValidationFailed
+from gpupool.models import LedgerEntry, Price
+
+
+def load_prices(session: Session) -> PriceBook:
+    return PriceBook(session.execute(select(Price.gpu_type, Price.effective_from, Price.unit_price_nanos)))
+
+
+def set_price(session: Session, gpu_type: str, unit_price_nanos: int, effective_from: dt.datetime) -> Price:
+    """Schedule ``unit_price_nanos`` per GPU-second for ``gpu_type`` from ``effective_from`` on.
+
+    Refused when usage of that type after ``effective_from`` is already in
+    the ledger: those rows keep the price they were billed at.
+    """
+    if unit_price_nanos < 0:
+        raise ValidationFailed("a price cannot be negative")
+    billed_after = select(func.max(LedgerEntry.interval_to)).where(LedgerEntry.interval_to > effective_from)
+    if gpu_type != ANY_GPU_TYPE:
+        billed_after = billed_after.where(LedgerEntry.gpu_type == gpu_type)
+    last_billed = session.scalar(billed_after)
+    if last_billed is not None:
+        raise Conflict(
+            f"usage of {gpu_type} up to {last_billed:%Y-%m-%dT%H:%M:%SZ} is already billed; "
+            f"a price change cannot rewrite it, so --from must be {last_billed:%Y-%m-%dT%H:%M:%SZ} or later"
+        )
+    existing = session.scalars(
+        select(Price).where(Price.gpu_type == gpu_type, Price.effective_from == effective_from)
+    ).first()
+    if existing is not None:
+        existing.unit_price_nanos = unit_price_nanos
+        return existing
+    price = Price(gpu_type=gpu_type, unit_price_nanos=unit_price_nanos, effective_from=effective_from)
+    session.add(price)
+    session.flush()
+    return price
+
+
+def price_table(session: Session) -> list[tuple[str, str, str]]:
+    """(GPU type, effective from, unit price) in type and date order."""
+    rows = session.execute(
+        select(Price.gpu_type, Price.effective_from, Price.unit_price_nanos).order_by(Price.gpu_type, Price.effective_from)
+    )
+    return [(gpu_type, f"{start:%Y-%m-%dT%H:%M:%SZ}", format_nanos(nanos)) for gpu_type, start, nanos in rows]

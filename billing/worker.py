@@ -1,0 +1,447 @@
+"""The billing pass: sacct (or a saved dump) in, ledger rows out, exactly once.
+
+One pass is one database transaction. Its first statement updates the single
+``billing_state`` row, which is the lock: a second pass waits there, then
+sees the first one's rows and adds nothing. The rows, the automatic credits,
+the pass record and the new high-water mark commit together or not at all,
+so a failure (sacct down, a price missing, ``kill -9``) leaves the ledger as
+it was and the next pass bills the same seconds again, once.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import and_, case, func, insert, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from billing.archive import Archiver, read_text
+from billing.budgets import remaining_nanos
+from billing.prices import load_prices
+from billing.meter import Billed, LedgerRow, RunKey, billed_by_run, failed_node_credits, meter
+from billing.sacct import FAILED_NODE_STATES, SACCT_FIELDS, JobRun, ParsedAccounting, detect_delimiter, parse_runs
+from gpupool.config import Settings
+from gpupool.db import utcnow
+from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
+from gpupool.models import Account, Adjustment, BillingPass, BillingState, Job, LedgerEntry
+from gpupool.slurm import SlurmClient
+from gpupool.slurm_parse import ParseError
+
+log = logging.getLogger("gpupool.billing")
+LEDGER_COLUMNS = (
+    "pass_id",
+    "account",
+    "cluster",
+    "slurm_job_id",
+    "job_id_raw",
+    "run_start",
+    "gpupool_job_id",
+    "job_name",
+    "state",
+    "gpu_type",
+    "gpus",
+    "period",
+    "interval_from",
+    "interval_to",
+    "seconds",
+    "gpu_seconds",
+    "unit_price_nanos",
+    "amount_nanos",
+    "correction",
+    "final",
+)
+# A gpupool job row is written just before sbatch; allow for clock skew between hosts.
+_SUBMIT_SLACK = dt.timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class PassReport:
+    pass_id: int
+    window_start: dt.datetime | None
+    window_end: dt.datetime | None
+    sacct_rows: int
+    runs: int
+    ledger_rows: int
+    gpu_seconds: int
+    amount_nanos: int
+    credits: int
+    archive_path: Path
+    sha256: str
+
+
+ProgressHook = Callable[[PassReport | None], None]
+
+
+def _lock(session: Session, now: dt.datetime) -> dt.datetime | None:
+    """Take the billing lock (held until commit) and return the high-water mark."""
+    session.execute(update(BillingState).where(BillingState.id == 1).values(locked_at=now))
+    mark = session.execute(select(BillingState.mark).where(BillingState.id == 1)).scalar_one_or_none()
+    return mark
+
+
+def _already_billed(session: Session, runs: Sequence[JobRun]) -> dict[RunKey, Billed]:
+    if not runs:
+        return {}
+    low = min(run.job_id_raw for run in runs)
+    high = max(run.job_id_raw for run in runs)
+    query = (
+        select(
+            LedgerEntry.cluster,
+            LedgerEntry.job_id_raw,
+            LedgerEntry.run_start,
+            LedgerEntry.gpu_type,
+            func.sum(LedgerEntry.seconds),
+            func.max(case((LedgerEntry.final, 1), else_=0)),
+        )
+        .where(LedgerEntry.job_id_raw.between(low, high))
+        .group_by(LedgerEntry.cluster, LedgerEntry.job_id_raw, LedgerEntry.run_start, LedgerEntry.gpu_type)
+    )
+    return billed_by_run((c, j, s, t, int(n), bool(f)) for c, j, s, t, n, f in session.execute(query))
+
+
+def _gpupool_job_ids(session: Session, rows: Sequence[LedgerRow]) -> dict[tuple[int, dt.datetime], str]:
+    """API job id for each billed (Slurm job id, run start): the latest job row created before the run."""
+    if not rows:
+        return {}
+    low = min(row.run.job_id_raw for row in rows)
+    high = max(row.run.job_id_raw for row in rows)
+    candidates: dict[int, list[tuple[dt.datetime, str, str]]] = {}
+    query = select(Job.slurm_job_id, Job.created_at, Job.id, Job.account).where(Job.slurm_job_id.between(low, high))
+    for slurm_job_id, created_at, job_id, account in session.execute(query):
+        candidates.setdefault(slurm_job_id, []).append((created_at, job_id, account))
+    found: dict[tuple[int, dt.datetime], str] = {}
+    if not candidates:
+        return found
+    for row in rows:
+        run = row.run
+        options = candidates.get(run.job_id_raw)
+        if not options:
+            continue
+        eligible = [o for o in options if o[0] <= run.start + _SUBMIT_SLACK and o[2] == run.account]
+        if eligible:
+            found[(run.job_id_raw, run.start)] = max(eligible)[1]
+    return found
+
+
+def _insert_rows(session: Session, pass_id: int, rows: Sequence[LedgerRow], job_ids: dict[tuple[int, dt.datetime], str]) -> None:
+    if not rows:
+        return
+    connection = session.connection()
+    if connection.dialect.name == "postgresql":
+        # COPY is the fastest way into PostgreSQL, several times executemany.
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
+        for row in rows:
+            run = row.run
+            writer.writerow(
+                (
+                    pass_id,
+                    run.account,
+                    run.cluster,
+                    run.job_id,
+                    run.job_id_raw,
+                    run.start.isoformat(),
+                    job_ids.get((run.job_id_raw, run.start)),
+                    run.name,
+                    run.state,
+                    row.gpu_type,
+                    row.gpus,
+                    row.period,
+                    row.interval_from.isoformat(),
+                    row.interval_to.isoformat(),
+                    row.seconds,
+                    row.gpu_seconds,
+                    row.unit_price_nanos,
+                    row.amount_nanos,
+                    "t" if row.correction else "f",
+                    "t" if row.final else "f",
+                )
+            )
+        buffer.seek(0)
+        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.copy_expert(
+                f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN "
+                "WITH (FORMAT csv, FORCE_NULL (gpupool_job_id))",
+                buffer,
+            )
+        finally:
+            cursor.close()
+        return
+    session.execute(
+        insert(LedgerEntry),
+        [
+            {
+                "pass_id": pass_id,
+                "account": row.run.account,
+                "cluster": row.run.cluster,
+                "slurm_job_id": row.run.job_id,
+                "job_id_raw": row.run.job_id_raw,
+                "run_start": row.run.start,
+                "gpupool_job_id": job_ids.get((row.run.job_id_raw, row.run.start)),
+                "job_name": row.run.name,
+                "state": row.run.state,
+                "gpu_type": row.gpu_type,
+                "gpus": row.gpus,
+                "period": row.period,
+                "interval_from": row.interval_from,
+                "interval_to": row.interval_to,
+                "seconds": row.seconds,
+                "gpu_seconds": row.gpu_seconds,
+                "unit_price_nanos": row.unit_price_nanos,
+                "amount_nanos": row.amount_nanos,
+                "correction": row.correction,
+                "final": row.final,
+            }
+            for row in rows
+        ],
+    )
+
+
+def _credit_failed_nodes(session: Session, runs: Sequence[JobRun], now: dt.datetime) -> int:
+    """Credit back every charge of runs that ended in NODE_FAIL or BOOT_FAIL; once per run and period."""
+    failed = [run for run in runs if run.state in FAILED_NODE_STATES]
+    if not failed:
+        return 0
+    amounts: dict[tuple[RunKey, str], int] = {}
+    for run in failed:
+        query = (
+            select(LedgerEntry.gpu_type, LedgerEntry.period, func.sum(LedgerEntry.amount_nanos))
+            .where(
+                and_(
+                    LedgerEntry.cluster == run.cluster,
+                    LedgerEntry.job_id_raw == run.job_id_raw,
+                    LedgerEntry.run_start == run.start,
+                )
+            )
+            .group_by(LedgerEntry.gpu_type, LedgerEntry.period)
+        )
+        for gpu_type, period, nanos in session.execute(query):
+            amounts[((run.cluster, run.job_id_raw, run.start, gpu_type), period)] = int(nanos)
+    written = 0
+    for run, period, credit in failed_node_credits(failed, amounts):
+        key = f"failed-node:{run.cluster}:{run.job_id_raw}:{run.start:%Y%m%dT%H%M%S}:{period}"
+        if session.execute(select(Adjustment.id).where(Adjustment.source_key == key)).first():
+            continue
+        session.add(
+            Adjustment(
+                account=run.account,
+                period=period,
+                amount_nanos=credit,
+                reason=f"automatic credit: job {run.job_id} ended in {run.state}",
+                kind="failed_node_credit",
+                source_key=key,
+                created_by="gpupool billing",
+                created_at=now,
+            )
+        )
+        written += 1
+    session.flush()
+    return written
+
+
+def bill_text(
+    session: Session,
+    settings: Settings,
+    text: str,
+    *,
+    delimiter: str,
+    kind: str,
+    source: str,
+    window: tuple[dt.datetime | None, dt.datetime | None],
+    started_at: dt.datetime,
+    default_cluster: str | None = None,
+) -> PassReport:
+    """Bill ``text`` inside the caller's transaction, which must hold the billing lock."""
+    archiver = Archiver(text, Path(settings.billing_archive_dir), f"{started_at:%Y%m%dT%H%M%S}-{kind}")
+    try:
+        parsed: ParsedAccounting = parse_runs(text, delimiter=delimiter, default_cluster=default_cluster)
+    except ParseError as exc:
+        archiver.join()
+        if kind == "replay":
+            raise BadRequest(f"{source}: {exc}") from exc
+        raise SlurmUnavailable(f"unexpected sacct output: {exc}") from exc
+    prices = load_prices(session)
+    billed = _already_billed(session, parsed.runs)
+    rows = meter(parsed.runs, billed, prices)
+    try:
+        archive_path, sha256 = archiver.result()
+    except OSError as exc:
+        raise ServiceUnavailable(f"cannot archive the sacct output in {settings.billing_archive_dir}: {exc}") from exc
+    record = BillingPass(
+        kind=kind,
+        started_at=started_at,
+        finished_at=started_at,
+        window_start=window[0],
+        window_end=window[1],
+        source=source,
+        source_sha256=sha256,
+        archive_path=str(archive_path),
+        sacct_rows=parsed.rows,
+        ledger_rows=len(rows),
+        adjustment_rows=0,
+    )
+    session.add(record)
+    session.flush()
+    _insert_rows(session, record.id, rows, _gpupool_job_ids(session, rows))
+    credits = _credit_failed_nodes(session, parsed.runs, started_at) if settings.billing_credit_failed_nodes else 0
+    record.adjustment_rows = credits
+    record.finished_at = utcnow()
+    return PassReport(
+        pass_id=record.id,
+        window_start=window[0],
+        window_end=window[1],
+        sacct_rows=parsed.rows,
+        runs=len(parsed.runs),
+        ledger_rows=len(rows),
+        gpu_seconds=sum(row.gpu_seconds for row in rows),
+        amount_nanos=sum(row.amount_nanos for row in rows),
+        credits=credits,
+        archive_path=archive_path,
+        sha256=sha256,
+    )
+
+
+def _windows(start: dt.datetime, end: dt.datetime, chunk: dt.timedelta) -> list[tuple[dt.datetime, dt.datetime]]:
+    windows = []
+    while start < end:
+        windows.append((start, min(end, start + chunk)))
+        start += chunk
+    return windows
+
+
+def run_pass(
+    session_factory: sessionmaker,
+    slurm: SlurmClient,
+    settings: Settings,
+    *,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    now: dt.datetime | None = None,
+) -> PassReport:
+    """One pass over sacct's window; committed whole, or not at all."""
+    started_at = now or utcnow().replace(microsecond=0)
+    with session_factory() as session, session.begin():
+        mark = _lock(session, started_at)
+        window_end = min(until, started_at) if until else started_at
+        if since is not None:
+            window_start = since
+        elif mark is not None:
+            window_start = mark - dt.timedelta(seconds=settings.billing_overlap_s)
+        else:
+            window_start = window_end - dt.timedelta(seconds=settings.billing_initial_lookback_s)
+        # A delimiter no job name can predict: names cannot forge columns or rows.
+        delimiter = f"|{secrets.token_hex(6)}|"
+        text = slurm.billing_accounting(window_start, window_end, SACCT_FIELDS, delimiter)
+        report = bill_text(
+            session,
+            settings,
+            text,
+            delimiter=delimiter,
+            kind="run",
+            source="sacct",
+            window=(window_start, window_end),
+            started_at=started_at,
+        )
+        session.execute(
+            update(BillingState)
+            .where(BillingState.id == 1)
+            .where((BillingState.mark.is_(None)) | (BillingState.mark < window_end))
+            .values(mark=window_end)
+        )
+    return report
+
+
+def backfill(
+    session_factory: sessionmaker,
+    slurm: SlurmClient,
+    settings: Settings,
+    since: dt.datetime,
+    until: dt.datetime,
+    *,
+    on_window: ProgressHook | None = None,
+) -> list[PassReport]:
+    """Passes over [since, until) in chunks, each committed on its own."""
+    reports = []
+    for start, end in _windows(since, until, dt.timedelta(seconds=settings.billing_backfill_chunk_s)):
+        report = run_pass(session_factory, slurm, settings, since=start, until=end)
+        reports.append(report)
+        if on_window is not None:
+            on_window(report)
+    return reports
+
+
+def backfill_windows(settings: Settings, since: dt.datetime, until: dt.datetime) -> int:
+    return len(_windows(since, until, dt.timedelta(seconds=settings.billing_backfill_chunk_s)))
+
+
+def replay(
+    session_factory: sessionmaker,
+    settings: Settings,
+    path: Path,
+    *,
+    delimiter: str | None = None,
+    cluster: str | None = None,
+) -> PassReport:
+    """Bill a saved sacct dump (ours, gzip or plain, or any ``--parsable2`` with a header); idempotent."""
+    try:
+        text = read_text(path)
+    except OSError as exc:
+        raise BadRequest(f"cannot read {path}: {exc.strerror or exc}") from exc
+    first_line = next((line for line in text.splitlines() if line.strip()), "")
+    if not first_line:
+        raise BadRequest(f"{path} is empty; expected sacct --parsable2 output with a header line")
+    if delimiter is None:
+        try:
+            delimiter = detect_delimiter(first_line)
+        except ParseError as exc:
+            raise BadRequest(f"{path}: {exc}") from exc
+    started_at = utcnow().replace(microsecond=0)
+    with session_factory() as session, session.begin():
+        _lock(session, started_at)
+        return bill_text(
+            session,
+            settings,
+            text,
+            delimiter=delimiter,
+            kind="replay",
+            source=str(path.resolve()),
+            window=(None, None),
+            started_at=started_at,
+            default_cluster=cluster,
+        )
+
+
+def exhausted_accounts(session: Session, now: dt.datetime) -> list[str]:
+    names = session.scalars(
+        select(Account.name).where(
+            (Account.prepaid_credit_nanos.is_not(None)) | (Account.monthly_limit_nanos.is_not(None))
+        )
+    ).all()
+    exhausted = []
+    for name in names:
+        remaining = remaining_nanos(session, name, now)
+        if remaining is not None and remaining <= 0:
+            exhausted.append(name)
+    return exhausted
+
+
+def cancel_exhausted(session_factory: sessionmaker, slurm: SlurmClient, now: dt.datetime | None = None) -> list[str]:
+    """Cancel the jobs of every account whose budget is spent (operator setting billing_cancel_exhausted)."""
+    with session_factory() as session:
+        names = exhausted_accounts(session, now or utcnow())
+    cancelled = []
+    for name in names:
+        try:
+            slurm.cancel_account_jobs(name)
+            cancelled.append(name)
+        except GpupoolError as exc:
+            log.warning("could not cancel the jobs of exhausted account %s: %s", name, exc.message)
+    return cancelled

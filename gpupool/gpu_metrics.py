@@ -1,0 +1,185 @@
+"""Per-GPU readings from a node's GPU exporter, in Prometheus text format.
+
+Two exporters are understood, and a scrape may come from either:
+
+* NVIDIA dcgm-exporter (default port 9400): ``DCGM_FI_DEV_GPU_UTIL`` (%),
+  ``DCGM_FI_DEV_FB_USED`` / ``_FB_FREE`` / ``_FB_RESERVED`` (MiB),
+  ``DCGM_FI_DEV_GPU_TEMP`` (C), ``DCGM_FI_DEV_POWER_USAGE`` (W), one series per
+  GPU labelled ``gpu="<index>"`` and ``modelName``;
+* utkuozdemir/nvidia_gpu_exporter (nvidia-smi based, default port 9835):
+  ``nvidia_smi_utilization_gpu_ratio`` (0-1), ``nvidia_smi_memory_used_bytes``,
+  ``nvidia_smi_memory_total_bytes``, ``nvidia_smi_temperature_gpu``,
+  ``nvidia_smi_power_draw_watts``, labelled by ``uuid`` only; the index and
+  model come from ``nvidia_smi_gpu_info{uuid, index, name}``.
+
+Indices are the exporters' (NVML's, in PCI bus order). They are the indices
+Slurm prints as ``IDX`` when gres.conf lists the devices in that order, as
+``AutoDetect=nvml`` and a ``File=/dev/nvidia[0-N]`` line both do.
+
+Parsing is pure; ``scrape_node`` is the one function that talks to the network.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.client import HTTPException
+
+from prometheus_client.parser import text_string_to_metric_families
+
+MIB = 1024 * 1024
+_MAX_SCRAPE_BYTES = 16 * MIB
+
+# metric name -> (reading field, factor to the reading's unit)
+_DCGM = {
+    "DCGM_FI_DEV_GPU_UTIL": ("utilization_pct", 1.0),
+    "DCGM_FI_DEV_FB_USED": ("memory_used_mib", 1.0),
+    "DCGM_FI_DEV_FB_FREE": ("memory_free_mib", 1.0),
+    "DCGM_FI_DEV_FB_RESERVED": ("memory_reserved_mib", 1.0),
+    "DCGM_FI_DEV_GPU_TEMP": ("temperature_c", 1.0),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
+}
+_NVIDIA_SMI = {
+    "nvidia_smi_utilization_gpu_ratio": ("utilization_pct", 100.0),
+    "nvidia_smi_memory_used_bytes": ("memory_used_mib", 1.0 / MIB),
+    "nvidia_smi_memory_total_bytes": ("memory_total_mib", 1.0 / MIB),
+    "nvidia_smi_temperature_gpu": ("temperature_c", 1.0),
+    "nvidia_smi_power_draw_watts": ("power_w", 1.0),
+}
+
+
+class MetricsParseError(ValueError):
+    """The text is not Prometheus exposition format."""
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    index: int
+    model: str | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeMetrics:
+    """One node's GPUs by index, or why they could not be read."""
+
+    node: str
+    gpus: Mapping[int, GpuReading] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _value(raw: float) -> float | None:
+    return None if math.isnan(raw) or math.isinf(raw) else float(raw)
+
+
+def _index(label: str | None) -> int | None:
+    return int(label) if label is not None and label.isdigit() else None
+
+
+def parse_gpu_metrics(text: str) -> dict[int, GpuReading]:
+    """Readings by GPU index from one exporter scrape; GPUs or values it lacks stay absent/None."""
+    values: dict[int, dict[str, float | None]] = {}
+    models: dict[int, str] = {}
+    by_uuid: dict[str, dict[str, float | None]] = {}
+    uuid_index: dict[str, int] = {}
+    uuid_model: dict[str, str] = {}
+    try:
+        samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    except ValueError as exc:
+        raise MetricsParseError(f"not Prometheus text: {exc}") from exc
+    for sample in samples:
+        labels = sample.labels
+        if sample.name in _DCGM:
+            index = _index(labels.get("gpu"))
+            # MIG instances repeat the GPU's index; the whole device is the series without one.
+            if index is None or labels.get("GPU_I_ID"):
+                continue
+            name, factor = _DCGM[sample.name]
+            raw = _value(sample.value)
+            values.setdefault(index, {})[name] = None if raw is None else raw * factor
+            if labels.get("modelName"):
+                models[index] = labels["modelName"]
+        elif sample.name in _NVIDIA_SMI and labels.get("uuid"):
+            name, factor = _NVIDIA_SMI[sample.name]
+            raw = _value(sample.value)
+            by_uuid.setdefault(labels["uuid"], {})[name] = None if raw is None else raw * factor
+        elif sample.name == "nvidia_smi_gpu_info" and labels.get("uuid"):
+            index = _index(labels.get("index"))
+            if index is not None:
+                uuid_index[labels["uuid"]] = index
+            if labels.get("name"):
+                uuid_model[labels["uuid"]] = labels["name"]
+        elif sample.name == "nvidia_smi_index" and labels.get("uuid") and _value(sample.value) is not None:
+            uuid_index.setdefault(labels["uuid"], int(sample.value))
+    for uuid, readings in by_uuid.items():
+        if uuid in uuid_index:
+            values.setdefault(uuid_index[uuid], {}).update(readings)
+            if uuid in uuid_model:
+                models[uuid_index[uuid]] = uuid_model[uuid]
+    return {index: _reading(index, models.get(index), got) for index, got in sorted(values.items())}
+
+
+def _reading(index: int, model: str | None, got: Mapping[str, float | None]) -> GpuReading:
+    total = got.get("memory_total_mib")
+    used, free = got.get("memory_used_mib"), got.get("memory_free_mib")
+    if total is None and used is not None and free is not None:
+        # dcgm-exporter reports what is used and free (and reserved, on newer drivers), not the size.
+        total = used + free + (got.get("memory_reserved_mib") or 0.0)
+    return GpuReading(
+        index=index,
+        model=model,
+        utilization_pct=got.get("utilization_pct"),
+        memory_used_mib=used,
+        memory_total_mib=total,
+        temperature_c=got.get("temperature_c"),
+        power_w=got.get("power_w"),
+    )
+
+
+def node_metrics_from_text(node: str, text: str) -> NodeMetrics:
+    try:
+        return NodeMetrics(node, parse_gpu_metrics(text))
+    except MetricsParseError as exc:
+        return NodeMetrics(node, error=str(exc))
+
+
+def exporter_url(node: str, port: int) -> str:
+    return f"http://{node}:{port}/metrics"
+
+
+# Node exporters are on the cluster network: never through an operator's HTTP proxy.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def scrape_node(node: str, port: int, timeout_s: float) -> NodeMetrics:
+    """One node's exporter over HTTP; an unreachable or broken exporter is an error, not an exception."""
+    url = exporter_url(node, port)
+    try:
+        with _OPENER.open(url, timeout=timeout_s) as response:
+            body = response.read(_MAX_SCRAPE_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        return NodeMetrics(node, error=f"{url} answered HTTP {exc.code}")
+    except urllib.error.URLError as exc:
+        return NodeMetrics(node, error=f"{url}: {exc.reason}")
+    except (OSError, HTTPException) as exc:
+        return NodeMetrics(node, error=f"{url}: {exc or type(exc).__name__}")
+    if len(body) > _MAX_SCRAPE_BYTES:
+        return NodeMetrics(node, error=f"{url}: answer larger than {_MAX_SCRAPE_BYTES // MIB} MiB")
+    return node_metrics_from_text(node, body.decode("utf-8", errors="replace"))
+
+
+def scrape_nodes(nodes: Iterable[str], port: int, timeout_s: float) -> dict[str, NodeMetrics]:
+    """Every node at once, so one dead node costs one timeout, not one per node."""
+    wanted = sorted(set(nodes))
+    if not wanted:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(wanted))) as pool:
+        return dict(zip(wanted, pool.map(lambda node: scrape_node(node, port, timeout_s), wanted), strict=True))

@@ -1,0 +1,249 @@
+"""``gpupool billing|price|adjust|invoice`` and ``account set``: the operator's billing commands."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import sessionmaker
+
+from billing import worker
+from billing.budgets import balance
+from billing.invoice import check_period, invoice_filename, write_invoice
+from billing.meter import ANY_GPU_TYPE, period_of
+from billing.money import MoneyError, format_nanos, parse_nanos
+from billing.prices import price_table, set_price
+from gpupool import db
+from gpupool.config import Settings
+from gpupool.errors import GpupoolError, NotFound
+from gpupool.models import Account, Adjustment
+from gpupool.slurm import SlurmClient
+
+_GPU_TYPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def parse_utc(text: str) -> dt.datetime:
+    """``2026-12-01``, ``2026-12-01T06:00``, ``...Z`` or with an offset; no zone means UTC."""
+    try:
+        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 date or time such as 2026-12-01T00:00:00Z") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC)
+
+
+def _money(value: str) -> int:
+    try:
+        return parse_nanos(value)
+    except MoneyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _optional_money(value: str) -> int | None:
+    return None if value.strip().lower() == "none" else _money(value)
+
+
+def _period(value: str) -> str:
+    try:
+        return check_period(value)
+    except GpupoolError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from exc
+
+
+def _gpu_type(value: str) -> str:
+    if value != ANY_GPU_TYPE and not (value and set(value) <= _GPU_TYPE_CHARS and len(value) <= 64):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a GPU type such as rtx4090 (or * for every other type)")
+    return value
+
+
+def _sessions(settings: Settings) -> tuple[Engine, sessionmaker]:
+    engine = db.make_engine(settings.database_url)
+    db.ensure_migrated(engine)
+    return engine, db.make_session_factory(engine)
+
+
+def _describe(report: worker.PassReport) -> str:
+    return (
+        f"pass {report.pass_id}: {report.sacct_rows} sacct rows, {report.runs} GPU runs, "
+        f"{report.ledger_rows} ledger rows, {report.gpu_seconds} GPU-seconds, "
+        f"{format_nanos(report.amount_nanos)} billed, {report.credits} credits; raw output {report.archive_path}"
+    )
+
+
+def cmd_billing_run(settings: Settings, args: argparse.Namespace) -> int:
+    _engine, sessions = _sessions(settings)
+    slurm = SlurmClient(settings)
+    try:
+        if args.since is None and args.until is None:
+            print(_describe(worker.run_pass(sessions, slurm, settings)))
+        else:
+            since = args.since or parse_utc("1970-01-01")
+            until = args.until or dt.datetime.now(dt.UTC).replace(microsecond=0)
+            if since >= until:
+                print("gpupool: error: --since must be before --until", file=sys.stderr)
+                return 2
+            total = worker.backfill_windows(settings, since, until)
+            progress = _progress(total)
+            reports = worker.backfill(sessions, slurm, settings, since, until, on_window=progress)
+            progress(None)
+            rows = sum(report.ledger_rows for report in reports)
+            print(f"backfilled {since:%Y-%m-%dT%H:%M:%SZ} to {until:%Y-%m-%dT%H:%M:%SZ} in {len(reports)} passes: {rows} ledger rows")
+    except GpupoolError as exc:
+        print(
+            f"gpupool: error: billing pass failed; nothing was written and the mark did not move: {exc.message}",
+            file=sys.stderr,
+        )
+        return 1
+    if settings.billing_cancel_exhausted:
+        for account in worker.cancel_exhausted(sessions, slurm):
+            print(f"account {account} has no budget left: its jobs were cancelled")
+    return 0
+
+
+def _progress(total: int) -> worker.ProgressHook:
+    """A progress bar on a terminal; nothing when stderr is a file or a pipe (cron)."""
+    if not sys.stderr.isatty():
+        return lambda _report: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="window", file=sys.stderr)
+
+    def advance(report: worker.PassReport | None) -> None:
+        if report is None:
+            bar.close()
+        else:
+            bar.set_postfix(rows=report.ledger_rows, refresh=False)
+            bar.update(1)
+
+    return advance
+
+
+def cmd_billing_replay(settings: Settings, args: argparse.Namespace) -> int:
+    _engine, sessions = _sessions(settings)
+    report = worker.replay(sessions, settings, Path(args.file), delimiter=args.delimiter, cluster=args.cluster)
+    print(_describe(report))
+    return 0
+
+
+def cmd_price_set(settings: Settings, args: argparse.Namespace) -> int:
+    _engine, sessions = _sessions(settings)
+    effective = args.effective_from or dt.datetime.now(dt.UTC).replace(microsecond=0)
+    with sessions() as session, session.begin():
+        set_price(session, args.gpu_type, args.price, effective)
+    print(f"{args.gpu_type}: {format_nanos(args.price)} {settings.currency} per GPU-second from {effective:%Y-%m-%dT%H:%M:%SZ}")
+    return 0
+
+
+def cmd_price_list(settings: Settings, _args: argparse.Namespace) -> int:
+    _engine, sessions = _sessions(settings)
+    with sessions() as session:
+        for gpu_type, start, price in price_table(session):
+            print(f"{gpu_type}\t{start}\t{price}")
+    return 0
+
+
+def cmd_adjust(settings: Settings, args: argparse.Namespace) -> int:
+    _engine, sessions = _sessions(settings)
+    period = args.period or period_of(dt.datetime.now(dt.UTC))
+    with sessions() as session, session.begin():
+        if session.get(Account, args.account) is None:
+            raise NotFound(f"no account {args.account!r}; create it with `gpupool account create`")
+        adjustment = Adjustment(
+            account=args.account,
+            period=period,
+            amount_nanos=args.amount,
+            reason=args.reason,
+            kind="manual",
+            created_by=args.by,
+            created_at=dt.datetime.now(dt.UTC),
+        )
+        session.add(adjustment)
+        session.flush()
+        adjustment_id = adjustment.id
+    print(f"adjustment {adjustment_id}: {format_nanos(args.amount)} {settings.currency} on {args.account}'s {period} invoice")
+    return 0
+
+
+def cmd_invoice(settings: Settings, args: argparse.Namespace) -> int:
+    engine, sessions = _sessions(settings)
+    with sessions() as session:
+        if session.get(Account, args.account) is None:
+            raise NotFound(f"no account {args.account!r}")
+    with engine.connect() as connection:
+        if args.output == "-":
+            write_invoice(connection, args.account, args.period, settings.currency, sys.stdout)
+            return 0
+        output = Path(args.output or invoice_filename(args.account, args.period))
+        partial = output.with_name(output.name + ".partial")
+        # newline="": the CSV writer's CRLF line ends pass through untouched.
+        with open(partial, "w", newline="", encoding="utf-8") as handle:
+            write_invoice(connection, args.account, args.period, settings.currency, handle)
+        partial.replace(output)
+    print(f"wrote {output}")
+    return 0
+
+
+def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
+    _engine, sessions = _sessions(settings)
+    now = dt.datetime.now(dt.UTC)
+    with sessions() as session, session.begin():
+        account = session.get(Account, args.name)
+        if account is None:
+            raise NotFound(f"no account {args.name!r}; create it with `gpupool account create {args.name}`")
+        if args.credit is not _UNSET:
+            account.prepaid_credit_nanos = args.credit
+        if args.monthly_limit is not _UNSET:
+            account.monthly_limit_nanos = args.monthly_limit
+        session.flush()
+        summary = balance(session, args.name, now).as_json()
+    shown = ", ".join(f"{key}={value if value is not None else '-'}" for key, value in summary.items())
+    print(f"account {args.name}: {shown} ({settings.currency})")
+    return 0
+
+
+_UNSET = object()
+
+
+def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._SubParsersAction) -> None:
+    billing = sub.add_parser("billing", help="the billing worker").add_subparsers(dest="billing_command", required=True)
+    run = billing.add_parser("run", help="one billing pass (cron: every 5 minutes), or a backfill with --since/--until")
+    run.add_argument("--since", type=parse_utc, help="backfill from this time (ISO 8601, UTC unless given)")
+    run.add_argument("--until", type=parse_utc, help="backfill up to this time (default: now)")
+    run.set_defaults(handler=cmd_billing_run)
+    replay = billing.add_parser("replay", help="bill a saved sacct --parsable2 dump (plain or .gz); idempotent")
+    replay.add_argument("file")
+    replay.add_argument("--delimiter", help="field delimiter (default: read from the header line)")
+    replay.add_argument("--cluster", help="cluster name, for output without a Cluster column")
+    replay.set_defaults(handler=cmd_billing_replay)
+
+    price = sub.add_parser("price", help="GPU prices").add_subparsers(dest="price_command", required=True)
+    price_set = price.add_parser("set", help="price per GPU-second of a GPU type, from a date on")
+    price_set.add_argument("gpu_type", type=_gpu_type, help="e.g. rtx4090, or * for every type without a price")
+    price_set.add_argument("price", type=_money, help="per GPU-second, e.g. 0.00012")
+    price_set.add_argument("--from", dest="effective_from", type=parse_utc, help="effective from (default: now)")
+    price_set.set_defaults(handler=cmd_price_set)
+    price.add_parser("list", help="every price and when it applies").set_defaults(handler=cmd_price_list)
+
+    adjust = sub.add_parser("adjust", help="record a credit (negative) or charge on an invoice")
+    adjust.add_argument("--account", required=True)
+    adjust.add_argument("--amount", required=True, type=_money, help="e.g. -12.50 for a credit")
+    adjust.add_argument("--reason", required=True)
+    adjust.add_argument("--period", type=_period, help="invoice month YYYY-MM (default: this month)")
+    adjust.add_argument("--by", default="operator", help="who made it, for the record")
+    adjust.set_defaults(handler=cmd_adjust)
+
+    invoice = sub.add_parser("invoice", help="write an account's invoice for a month as CSV")
+    invoice.add_argument("--account", required=True)
+    invoice.add_argument("--period", required=True, type=_period, help="YYYY-MM")
+    invoice.add_argument("-o", "--output", help="file to write (default: gpupool-invoice-ACCOUNT-PERIOD.csv; - for stdout)")
+    invoice.set_defaults(handler=cmd_invoice)
+
+    account_set = account_sub.add_parser("set", help="budgets: prepaid credit and monthly spend limit")
+    account_set.add_argument("name")
+    account_set.add_argument("--credit", type=_optional_money, default=_UNSET, help="total prepaid credit, or none")
+    account_set.add_argument("--monthly-limit", type=_optional_money, default=_UNSET, help="spend cap per UTC month, or none")
+    account_set.set_defaults(handler=cmd_account_set)

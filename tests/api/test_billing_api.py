@@ -1,0 +1,125 @@
+"""Invoices, usage and budgets through the API, on a ledger filled by replayed sacct output."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy.orm import sessionmaker
+
+from billing import worker
+from billing.prices import set_price
+from billing.sacct import SACCT_FIELDS
+from gpupool.config import Settings
+from gpupool.models import Account
+from tests.conftest import bearer
+
+PERIOD = "2026-11"
+
+
+def utc(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def priced(session_factory: sessionmaker) -> None:
+    with session_factory() as session, session.begin():
+        set_price(session, "rtx4090", 120_000, utc("2020-01-01T00:00:00"))
+
+
+@pytest.fixture
+def billed(priced: None, session_factory: sessionmaker, settings: Settings, account: str, other_account: str, tmp_path: Path) -> None:
+    """Two jobs of the caller's account (one across midnight), one of another account."""
+    lines = [
+        "|".join(SACCT_FIELDS),
+        f"gpupool|901|901|{account}|alice|COMPLETED|2026-11-03T23:00:00|2026-11-03T23:00:00|2026-11-04T01:00:00|7200|gres/gpu:rtx4090=2,gres/gpu=2|train,\"big\"",
+        f"gpupool|902|902|{account}|alice|CANCELLED by 0|2026-11-05T10:00:00|2026-11-05T10:00:00|2026-11-05T10:00:41|41|gres/gpu:rtx4090=1,gres/gpu=1|short",
+        f"gpupool|903|903|{other_account}|bob|COMPLETED|2026-11-05T10:00:00|2026-11-05T10:00:00|2026-11-05T11:00:00|3600|gres/gpu:rtx4090=4,gres/gpu=4|secret",
+    ]
+    dump = tmp_path / "nov.psv"
+    dump.write_text("\n".join(lines) + "\n")
+    worker.replay(session_factory, settings.replace(billing_archive_dir=str(tmp_path / "archive")), dump)
+
+
+def test_invoice_is_a_csv_attachment_of_the_callers_own_lines(client: FlaskClient, billed: None, settings: Settings, account: str) -> None:
+    response = client.get(f"/invoices/{PERIOD}", headers=bearer(settings, account))
+    assert response.status_code == 200
+    assert response.mimetype == "text/csv"
+    assert response.headers["Content-Disposition"] == f'attachment; filename="gpupool-invoice-{account}-{PERIOD}.csv"'
+    lines = list(csv.reader(io.StringIO(response.get_data(as_text=True), newline="")))
+    assert [line[2:4] + line[6:12] for line in lines[1:]] == [
+        ["901", 'train,"big"', "2026-11-03T23:00:00Z", "2026-11-04T01:00:00Z", "7200", "14400", "0.00012", "1.73"],
+        ["902", "short", "2026-11-05T10:00:00Z", "2026-11-05T10:00:41Z", "41", "41", "0.00012", "0.00"],
+        ["", "", "", "", "7241", "14441", "", "1.73"],
+    ]
+    assert "secret" not in response.get_data(as_text=True)
+
+
+def test_customers_never_see_another_accounts_invoice_or_usage(
+    client: FlaskClient, billed: None, settings: Settings, account: str, other_account: str
+) -> None:
+    mine = bearer(settings, account)
+    for path in (f"/invoices/{PERIOD}?account={other_account}", f"/usage?period={PERIOD}&account={other_account}", "/usage?account=nosuch"):
+        response = client.get(path, headers=mine)
+        assert response.status_code == 404, path
+        assert response.get_json()["error"] == "not_found"
+    admin = bearer(settings, account, sub="ops", role="admin")
+    theirs = client.get(f"/invoices/{PERIOD}?account={other_account}", headers=admin)
+    assert theirs.status_code == 200 and "secret" in theirs.get_data(as_text=True)
+    assert client.get(f"/invoices/{PERIOD}?account=nosuch", headers=admin).status_code == 404
+
+
+@pytest.mark.parametrize("period", ["2026-13", "2026-1", "nov", "2026-11-01"])
+def test_a_malformed_period_is_a_400(client: FlaskClient, settings: Settings, account: str, period: str) -> None:
+    for path in (f"/invoices/{period}", f"/usage?period={period}"):
+        response = client.get(path, headers=bearer(settings, account))
+        assert response.status_code == 400, path
+        assert response.get_json()["error"] == "bad_period"
+        assert "YYYY-MM" in response.get_json()["message"]
+
+
+def test_usage_by_type_and_by_day_agrees_with_the_invoice(
+    client: FlaskClient, billed: None, settings: Settings, account: str, session_factory: sessionmaker
+) -> None:
+    with session_factory() as session, session.begin():
+        session.get(Account, account).monthly_limit_nanos = 50 * 10**9  # type: ignore[union-attr]
+    body = client.get(f"/usage?period={PERIOD}", headers=bearer(settings, account)).get_json()
+    assert body["gpu_seconds"] == 14441
+    assert body["by_gpu_type"] == [{"gpu_type": "rtx4090", "gpu_seconds": 14441, "amount": "1.73292"}]
+    assert body["by_day"] == [
+        {"date": "2026-11-03", "gpu_seconds": 7200, "amount": "0.864"},
+        {"date": "2026-11-04", "gpu_seconds": 7200, "amount": "0.864"},
+        {"date": "2026-11-05", "gpu_seconds": 41, "amount": "0.00492"},
+    ]
+    assert (body["charges"], body["adjustments"], body["total"]) == ("1.73", "0.00", "1.73")
+    assert body["balance"]["monthly_limit"] == "50.00"
+
+
+def test_submit_is_402_when_the_budget_is_spent_or_the_worst_case_does_not_fit(
+    client: FlaskClient, billed: None, settings: Settings, account: str, session_factory: sessionmaker
+) -> None:
+    headers = bearer(settings, account)
+    with session_factory() as session, session.begin():
+        session.get(Account, account).prepaid_credit_nanos = 1_700_000_000  # type: ignore[union-attr]  # 1.70 < 1.73 spent
+    spent = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1})
+    assert spent.status_code == 402
+    assert spent.get_json()["error"] == "payment_required"
+    assert "no budget left" in spent.get_json()["message"]
+
+    with session_factory() as session, session.begin():
+        session.get(Account, account).prepaid_credit_nanos = 3_000_000_000  # type: ignore[union-attr]  # 1.27 left
+    # 4 GPUs x 60 min x 0.00012 = 1.728 > 1.27
+    too_big = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 4, "time_limit_min": 60})
+    assert too_big.status_code == 402
+    assert too_big.get_json()["required"] == "1.728"
+    assert "fewer GPUs or a shorter time limit" in too_big.get_json()["message"]
+    # 1 GPU x 60 min = 0.432 fits; a second such job still fits (0.864), a third does not (1.296).
+    for _ in range(2):
+        fits = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "time_limit_min": 60, "params": {"seconds": 60}})
+        assert fits.status_code == 201, fits.get_json()
+    third = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "time_limit_min": 60})
+    assert third.status_code == 402

@@ -1,0 +1,105 @@
+"""Billing tests commit for real (passes own their transactions, and two run at once),
+so each module gets its own PostgreSQL database, or SQLite file, dropped afterwards."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import sessionmaker
+
+from billing.prices import set_price
+from gpupool import db
+from gpupool.config import Settings
+from gpupool.models import Account, BillingState, LedgerEntry
+from tests.conftest import JWT_SECRET, REPO, base_settings, create_database, drop_database
+
+GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+RTX4090_NANOS = 120_000  # 0.00012 per GPU-second
+RTX3090_NANOS = 70_000
+
+
+@dataclass
+class LedgerDb:
+    url: str
+    engine: Engine
+    sessions: sessionmaker
+    settings: Settings
+
+    def cli(self, *args: str, timeout_s: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+        """The operator's ``gpupool`` command against this database, as cron would run it."""
+        environment = {
+            "PATH": "/usr/bin:/bin",
+            "TZ": "UTC",
+            "GPUPOOL_DATABASE_URL": self.url,
+            "GPUPOOL_JWT_SECRET": JWT_SECRET,
+            "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
+            "GPUPOOL_BILLING_ARCHIVE_DIR": self.settings.billing_archive_dir,
+            **env,
+        }
+        return subprocess.run([GPUPOOL, *args], env=environment, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+    def ledger(self, account: str | None = None) -> list[tuple]:
+        """Every ledger row but its id and pass, in a fixed order."""
+        entry = LedgerEntry
+        query = select(
+            entry.account, entry.cluster, entry.slurm_job_id, entry.job_id_raw, entry.run_start, entry.gpupool_job_id,
+            entry.job_name, entry.state, entry.gpu_type, entry.gpus, entry.period, entry.interval_from, entry.interval_to,
+            entry.seconds, entry.gpu_seconds, entry.unit_price_nanos, entry.amount_nanos,
+        ).order_by(entry.cluster, entry.job_id_raw, entry.run_start, entry.gpu_type, entry.interval_from)
+        if account is not None:
+            query = query.where(entry.account == account)
+        with self.engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(query)]
+
+    def mark(self) -> dt.datetime | None:
+        with self.sessions() as session:
+            return session.scalar(select(BillingState.mark))
+
+    def add_account(self, name: str, **budget: int | None) -> None:
+        with self.sessions() as session, session.begin():
+            session.merge(Account(name=name, gpu_limit=4, **budget))
+
+
+def _prepare(url: str, archive: Path) -> LedgerDb:
+    engine = db.make_engine(url)
+    sessions = db.make_session_factory(engine)
+    with sessions() as session, session.begin():
+        set_price(session, "rtx4090", RTX4090_NANOS, dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
+        set_price(session, "rtx3090", RTX3090_NANOS, dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
+    settings = base_settings(database_url=url, billing_archive_dir=str(archive))
+    return LedgerDb(url=url, engine=engine, sessions=sessions, settings=settings)
+
+
+@pytest.fixture(scope="module")
+def pg_ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerDb]:
+    name = f"gpupool_bill_{secrets.token_hex(4)}"
+    ledger = _prepare(create_database(name), tmp_path_factory.mktemp("archive"))
+    yield ledger
+    ledger.engine.dispose()
+    drop_database(name)
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def ledger_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LedgerDb]:
+    """A fresh, migrated, priced ledger per test, on each backend."""
+    if request.param == "postgresql":
+        name = f"gpupool_bill_{secrets.token_hex(4)}"
+        url = create_database(name)
+    else:
+        url = f"sqlite:///{tmp_path}/ledger.db"
+        engine = db.make_engine(url)
+        db.upgrade(engine)
+        engine.dispose()
+    ledger = _prepare(url, tmp_path / "archive")
+    yield ledger
+    ledger.engine.dispose()
+    if request.param == "postgresql":
+        drop_database(name)

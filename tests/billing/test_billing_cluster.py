@@ -1,0 +1,243 @@
+"""Billing real jobs on the local cluster, checked against sacct to the second.
+
+The jobs are submitted straight to Slurm with ``sbatch --account``, as a
+customer's own scripts would, except one that goes through the API.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from api import create_app
+from gpupool.slurm import SlurmClient
+from gpupool.slurm_parse import gpus_by_type, parse_delimited, parse_time
+from tests.billing.conftest import RTX4090_NANOS, LedgerDb
+from tests.conftest import bearer, throwaway_slurm_account, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+DAEMON = Path("/usr/local/sbin/gpupool-daemon")
+
+
+def slurm(*argv: str, check: bool = True) -> str:
+    completed = subprocess.run(list(argv), capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "TZ": "UTC"}, check=False)
+    if check:
+        assert completed.returncode == 0, f"{argv}: {completed.stderr}"
+    return completed.stdout
+
+
+def sbatch(account: str, *options: str, wrap: str = "sleep 2") -> int:
+    out = slurm("sbatch", "--parsable", f"--account={account}", "--partition=gpu", "--time=5", "--output=/dev/null", *options, f"--wrap={wrap}")
+    return int(out.strip().split(";")[0])
+
+
+def state_of(job_id: int) -> str:
+    return slurm("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).strip()
+
+
+def sacct_runs(*job_ids: int) -> list[dict[str, str]]:
+    """Every run (-D) of these jobs, array tasks included, as sacct reports them."""
+    text = slurm(
+        "sacct", "-X", "-D", "-P", "-j", ",".join(map(str, job_ids)),
+        "-o", "JobIDRaw,JobID,State,Start,End,ElapsedRaw,AllocTRES,JobName",
+    )
+    return parse_delimited(text)
+
+
+def wait_finished(*job_ids: int) -> list[dict[str, str]]:
+    def done() -> list[dict[str, str]] | None:
+        try:
+            runs = sacct_runs(*job_ids)
+        except AssertionError:  # slurmdbd still starting
+            return None
+        unfinished = {"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "SUSPENDED"}
+        busy = any(state_of(job) for job in job_ids)
+        last: dict[str, dict[str, str]] = {}
+        for run in runs:
+            last[run["JobID"]] = run
+        # slurmdbd may know the final state before it knows the end time.
+        settled = all(r["State"].split()[0] not in unfinished and r["End"] != "Unknown" for r in last.values())
+        return runs if runs and settled and not busy else None
+
+    return wait_for(done, timeout_s=240, interval_s=1, what=f"jobs {job_ids} to finish in sacct")
+
+
+def wait_running_for(job_id: int, seconds: int) -> None:
+    wait_for(lambda: state_of(job_id) == "RUNNING", timeout_s=120, what=f"job {job_id} to run")
+    time.sleep(seconds)
+
+
+def assert_billed_exactly(ledger: LedgerDb, runs: list[dict[str, str]]) -> None:
+    """Per run with GPUs: rows contiguous from Start, and GPU-seconds = GPUs x ElapsedRaw."""
+    rows = ledger.ledger()
+    for run in runs:
+        start = parse_time(run["Start"])
+        gpus = sum(gpus_by_type(run["AllocTRES"]).values())
+        mine = [r for r in rows if r[3] == int(run["JobIDRaw"]) and r[4] == start]
+        if start is None or gpus == 0 or int(run["ElapsedRaw"]) == 0:
+            assert mine == [], f"run {run} billed although it never held a GPU"
+            continue
+        elapsed = int(run["ElapsedRaw"])
+        assert sum(r[14] for r in mine) == gpus * elapsed, (run, mine)
+        assert sum(r[16] for r in mine) == gpus * elapsed * RTX4090_NANOS
+        assert mine[0][11] == start
+        assert start + dt.timedelta(seconds=sum(r[13] for r in mine)) == parse_time(run["End"])
+        assert {r[2] for r in mine} == {run["JobID"]}
+
+
+@pytest.fixture(scope="module")
+def account(pg_ledger: LedgerDb) -> Iterator[str]:
+    client = SlurmClient(pg_ledger.settings)
+    with throwaway_slurm_account(client, "bill", gpu_limit=4) as name:
+        pg_ledger.add_account(name)
+        yield name
+
+
+@pytest.fixture(scope="module")
+def finished_jobs(account: str) -> dict[str, int]:
+    """A day's worth of shapes, all finished: 1, 2 and 4 GPUs, cancelled, array, requeued, odd names."""
+    jobs = {
+        "one": sbatch(account, "--gres=gpu:1", wrap="sleep 3"),
+        "two": sbatch(account, "--gres=gpu:2", wrap="sleep 4"),
+        "four": sbatch(account, "--gres=gpu:rtx4090:4", wrap="sleep 2"),
+        "pipe": sbatch(account, "--gres=gpu:1", "--job-name=a|b c", wrap="sleep 2"),
+        "array": sbatch(account, "--gres=gpu:1", "--array=0-1", wrap="sleep 2"),
+        "pending": sbatch(account, "--gres=gpu:1", "--begin=now+3600", wrap="true"),
+        "running": sbatch(account, "--gres=gpu:1", wrap="sleep 300"),
+        "requeue": sbatch(
+            account, "--gres=gpu:1", "--requeue",
+            wrap='if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 2; else sleep 300; fi',
+        ),
+    }
+    slurm("scancel", str(jobs["pending"]))
+    wait_running_for(jobs["running"], 3)
+    slurm("scancel", str(jobs["running"]))
+    wait_running_for(jobs["requeue"], 3)
+    slurm("scontrol", "requeue", str(jobs["requeue"]))
+    # A requeued job waits out a begin delay of minutes; shorten it, but not to nothing:
+    # slurmd refuses ("already killed") a relaunch that comes before the kill is done.
+    wait_for(lambda: state_of(jobs["requeue"]) == "PENDING", timeout_s=60, what="the requeued job to pend")
+    slurm("scontrol", "update", f"jobid={jobs['requeue']}", "starttime=now+3")
+    wait_finished(*jobs.values())
+    return jobs
+
+
+def test_two_concurrent_passes_bill_every_run_exactly_once(pg_ledger: LedgerDb, finished_jobs: dict[str, int]) -> None:
+    env = {"GPUPOOL_BILLING_CREDIT_FAILED_NODES": "true"}
+    results: list[subprocess.CompletedProcess[str]] = []
+
+    def one_pass() -> None:
+        results.append(pg_ledger.cli("billing", "run", **env))
+
+    threads = [threading.Thread(target=one_pass) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+    runs = sacct_runs(*finished_jobs.values())
+    assert_billed_exactly(pg_ledger, runs)
+    rows = pg_ledger.ledger()
+    assert len(rows) == len(set(rows))
+    # A third pass, alone, finds nothing new.
+    again = pg_ledger.cli("billing", "run")
+    assert again.returncode == 0 and " 0 ledger rows" in again.stdout
+
+
+def test_each_shape_is_billed_as_sacct_recorded_it(pg_ledger: LedgerDb, finished_jobs: dict[str, int], account: str) -> None:
+    runs = sacct_runs(*finished_jobs.values())
+    by_job: dict[str, list[tuple]] = {}
+    for r in pg_ledger.ledger(account):
+        by_job.setdefault(r[2], []).append(r)
+    one, two, four = (str(finished_jobs[k]) for k in ("one", "two", "four"))
+    assert [r[9] for r in by_job[one]] == [1] and [r[9] for r in by_job[two]] == [2] and [r[9] for r in by_job[four]] == [4]
+    assert str(finished_jobs["pending"]) not in by_job  # cancelled while pending: no charge
+    assert by_job[str(finished_jobs["running"])][-1][7] == "CANCELLED"
+    assert by_job[str(finished_jobs["pipe"])][0][6] == "a|b c"
+    array_ids = sorted(k for k in by_job if k.startswith(f"{finished_jobs['array']}_"))
+    assert array_ids == [f"{finished_jobs['array']}_0", f"{finished_jobs['array']}_1"]
+    requeued = [run for run in runs if run["JobIDRaw"] == str(finished_jobs["requeue"])]
+    billed_starts = {r[4] for r in by_job[str(finished_jobs["requeue"])]}
+    started = {parse_time(run["Start"]) for run in requeued if int(run["ElapsedRaw"]) > 0}
+    assert len(started) == 2 and billed_starts == started  # both runs billed, separately
+    assert_billed_exactly(pg_ledger, runs)
+
+
+def test_invoice_lines_match_sacct(pg_ledger: LedgerDb, finished_jobs: dict[str, int], account: str) -> None:
+    period = f"{dt.datetime.now(dt.UTC):%Y-%m}"
+    result = pg_ledger.cli("invoice", "--account", account, "--period", period, "-o", "-")
+    assert result.returncode == 0, result.stderr
+    lines = list(csv.DictReader(io.StringIO(result.stdout)))
+    jobs = [line for line in lines if line["line_type"] == "job"]
+    sacct_by_id = {run["JobID"]: run for run in sacct_runs(finished_jobs["one"], finished_jobs["two"])}
+    for job_id in (str(finished_jobs["one"]), str(finished_jobs["two"])):
+        (line,) = [line for line in jobs if line["slurm_job_id"] == job_id]
+        run = sacct_by_id[job_id]
+        assert line["start"] == run["Start"] + "Z" and line["end"] == run["End"] + "Z"
+        assert int(line["billed_seconds"]) == int(run["ElapsedRaw"])
+        assert int(line["gpu_seconds"]) == int(line["gpus"]) * int(run["ElapsedRaw"])
+    total = lines[-1]
+    assert total["line_type"] == "total"
+    cents = sum(round(float(line["amount"]) * 100) for line in lines[:-1])
+    assert round(float(total["amount"]) * 100) == cents
+
+
+def test_a_running_job_is_metered_pass_by_pass(pg_ledger: LedgerDb, account: str) -> None:
+    job = sbatch(account, "--gres=gpu:2", wrap="sleep 14")
+    wait_running_for(job, 4)
+    assert pg_ledger.cli("billing", "run").returncode == 0
+    first = [r for r in pg_ledger.ledger(account) if r[3] == job]
+    assert len(first) == 1 and first[0][7] == "RUNNING" and first[0][13] >= 4
+    time.sleep(3)
+    assert pg_ledger.cli("billing", "run").returncode == 0
+    runs = wait_finished(job)
+    assert pg_ledger.cli("billing", "run").returncode == 0
+    mine = [r for r in pg_ledger.ledger(account) if r[3] == job]
+    assert len(mine) >= 3 and mine[-1][7] == "COMPLETED"
+    assert_billed_exactly(pg_ledger, runs)
+
+
+def test_the_api_job_carries_its_gpupool_id_into_the_ledger(pg_ledger: LedgerDb, account: str) -> None:
+    app = create_app(pg_ledger.settings.replace(refresh_interval_s=1.0), session_factory=pg_ledger.sessions)
+    client = app.test_client()
+    headers = bearer(pg_ledger.settings, account)
+    created = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "params": {"seconds": 2}})
+    assert created.status_code == 201, created.get_json()
+    job = created.get_json()
+    runs = wait_finished(job["slurm_job_id"])
+    assert pg_ledger.cli("billing", "run").returncode == 0
+    mine = [r for r in pg_ledger.ledger(account) if r[3] == job["slurm_job_id"]]
+    assert mine and {r[5] for r in mine} == {job["job_id"]}
+    assert_billed_exactly(pg_ledger, runs)
+    invoice = client.get(f"/invoices/{dt.datetime.now(dt.UTC):%Y-%m}", headers=headers)
+    assert invoice.status_code == 200
+    assert any(line.startswith(f"job,{job['job_id']},{job['slurm_job_id']},") for line in invoice.get_data(as_text=True).splitlines())
+
+
+@pytest.mark.skipif(not DAEMON.exists(), reason="needs the playbook's gpupool-daemon (no systemd here)")
+def test_slurmdbd_down_fails_the_pass_cleanly_and_nothing_is_lost(pg_ledger: LedgerDb, account: str) -> None:
+    assert pg_ledger.cli("billing", "run").returncode == 0
+    before, mark = pg_ledger.ledger(), pg_ledger.mark()
+    subprocess.run([str(DAEMON), "stop", "slurmdbd"], check=True, capture_output=True, timeout=60)
+    try:
+        job = sbatch(account, "--gres=gpu:1", wrap="sleep 3")  # slurmctld keeps its records for slurmdbd
+        wait_for(lambda: state_of(job) in ("", "COMPLETED"), timeout_s=120, what=f"job {job} to end")
+        failed = pg_ledger.cli("billing", "run")
+        assert failed.returncode == 1
+        assert "nothing was written and the mark did not move" in failed.stderr
+        assert "sacct" in failed.stderr
+        assert pg_ledger.ledger() == before and pg_ledger.mark() == mark
+    finally:
+        subprocess.run([str(DAEMON), "start", "slurmdbd"], check=True, capture_output=True, timeout=60)
+    runs = wait_finished(job)
+    assert pg_ledger.cli("billing", "run").returncode == 0
+    assert_billed_exactly(pg_ledger, runs)
+    assert pg_ledger.mark() > mark

@@ -1,0 +1,257 @@
+"""The ledger on PostgreSQL and SQLite, fed by replayed sacct output through the operator's CLI."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+
+from bench.synthetic_sacct import sacct_dump, synthetic_jobs
+from billing.sacct import SACCT_FIELDS
+from gpupool.models import Adjustment, BillingPass
+from tests.billing.conftest import GPUPOOL, RTX3090_NANOS, RTX4090_NANOS, LedgerDb
+from tests.conftest import wait_for
+
+HEADER = "|".join(SACCT_FIELDS)
+
+
+def dump(tmp_path: Path, name: str, *rows: str) -> Path:
+    path = tmp_path / name
+    path.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def row(job: int, account: str, state: str, start: str, end: str, elapsed: int, tres: str, name: str = "job") -> str:
+    return "|".join(["gpupool", str(job), str(job), account, "alice", state, start, start, end, str(elapsed), tres, name])
+
+
+def replay_ok(ledger: LedgerDb, path: Path) -> str:
+    result = ledger.cli("billing", "replay", str(path))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_replay_bills_each_run_once_and_a_rerun_adds_nothing(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    jobs = list(synthetic_jobs(300, accounts=3))
+    path = tmp_path / "month.psv"
+    path.write_text(sacct_dump(jobs))
+    first = replay_ok(ledger_db, path)
+    assert "300 sacct rows" in first
+    rows = ledger_db.ledger()
+    billable = [job for job in jobs if job.start is not None]
+    assert {r[3] for r in rows} == {job.job_id for job in billable}
+    # The invariant: per finished run, GPU-seconds = GPUs x ElapsedRaw, at its type's price.
+    for job in billable:
+        mine = [r for r in rows if r[3] == job.job_id]
+        assert sum(r[14] for r in mine) == job.gpus * job.elapsed_s
+        price = RTX4090_NANOS if job.gpu_type == "rtx4090" else RTX3090_NANOS
+        assert sum(r[16] for r in mine) == job.gpus * job.elapsed_s * price
+        assert mine[0][11] == job.start and mine[-1][12] == job.start + dt.timedelta(seconds=job.elapsed_s)
+    assert "0 ledger rows" in replay_ok(ledger_db, path)
+    # The archived copy (gzip) of what was billed replays to nothing new as well.
+    with ledger_db.sessions() as session:
+        archived = session.scalars(select(BillingPass.archive_path).order_by(BillingPass.id)).first()
+    assert archived and archived.endswith(".psv.gz")
+    assert "0 ledger rows" in replay_ok(ledger_db, Path(archived))
+    assert ledger_db.ledger() == rows
+
+
+def test_month_boundary_split_from_replayed_outputs(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    """A 2-GPU job running across midnight Oct 31 UTC, seen running by one pass and finished by the next."""
+    ledger_db.add_account("acme")
+    tres = "cpu=1,gres/gpu:rtx4090=2,gres/gpu=2"
+    running = dump(tmp_path, "a.psv", row(77, "acme", "RUNNING", "2026-10-31T23:00:00", "Unknown", 1800, tres))
+    finished = dump(tmp_path, "b.psv", row(77, "acme", "COMPLETED", "2026-10-31T23:00:00", "2026-11-01T01:30:00", 9000, tres))
+    replay_ok(ledger_db, running)
+    replay_ok(ledger_db, finished)
+    replay_ok(ledger_db, running)  # an old pass replayed late changes nothing
+    spans = [(r[10], r[11].isoformat(), r[12].isoformat(), r[13], r[14]) for r in ledger_db.ledger("acme")]
+    assert spans == [
+        ("2026-10", "2026-10-31T23:00:00+00:00", "2026-10-31T23:30:00+00:00", 1800, 3600),
+        ("2026-10", "2026-10-31T23:30:00+00:00", "2026-11-01T00:00:00+00:00", 1800, 3600),
+        ("2026-11", "2026-11-01T00:00:00+00:00", "2026-11-01T01:30:00+00:00", 5400, 10800),
+    ]
+    october = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-10", "-o", "-").stdout)))
+    november = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-").stdout)))
+    assert october[1][:12] == ["job", "", "77", "job", "rtx4090", "2", "2026-10-31T23:00:00Z", "2026-11-01T00:00:00Z", "3600", "7200", "0.00012", "0.86"]
+    assert november[1][6:12] == ["2026-11-01T00:00:00Z", "2026-11-01T01:30:00Z", "5400", "10800", "0.00012", "1.30"]
+    assert october[-1][-2] == "0.86" and november[-1][-2] == "1.30"
+
+
+def test_invoice_csv_lines_adjustments_and_exact_total(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    ledger_db.add_account("acme")
+    tres = "cpu=1,gres/gpu:rtx4090=1,gres/gpu=1"
+    replay_ok(
+        ledger_db,
+        dump(
+            tmp_path,
+            "n.psv",
+            # 0.00012 x 41 = 0.00492 -> 0.00; 0.00012 x 42 = 0.00504 -> 0.01: each line rounds once.
+            row(5, "acme", "COMPLETED", "2026-11-02T10:00:00", "2026-11-02T10:00:41", 41, tres, 'say "hi", then|pipe'),
+            row(6, "acme", "COMPLETED", "2026-11-02T10:00:00", "2026-11-02T10:00:42", 42, tres, "line\nbreak"),
+            row(7, "acme", "COMPLETED", "2026-11-02T09:00:00", "2026-11-02T10:00:00", 3600, "gres/gpu:rtx3090=4,gres/gpu=4"),
+            row(8, "other", "COMPLETED", "2026-11-02T09:00:00", "2026-11-02T10:00:00", 3600, tres),
+        ),
+    )
+    adjusted = ledger_db.cli("adjust", "--account", "acme", "--amount", "-1.005", "--reason", "outage, sorry", "--period", "2026-11")
+    assert adjusted.returncode == 0, adjusted.stderr
+    out = tmp_path / "acme.csv"
+    assert ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", str(out)).returncode == 0
+    raw = out.read_bytes()
+    # header, 3 jobs, 1 adjustment, total; the newline inside a quoted name stays a bare LF
+    assert raw.count(b"\r\n") == 6 and b"\"line\nbreak\"" in raw
+    lines = list(csv.reader(io.StringIO(raw.decode(), newline="")))
+    assert lines[0] == [
+        "line_type", "gpupool_job_id", "slurm_job_id", "job_name", "gpu_type", "gpus", "start", "end",
+        "billed_seconds", "gpu_seconds", "unit_price", "amount", "currency",
+    ]
+    assert [line[2:4] + line[9:12] for line in lines[1:4]] == [
+        ["7", "job", "14400", "0.00007", "1.01"],
+        ["5", 'say "hi", then|pipe', "41", "0.00012", "0.00"],
+        ["6", "line\nbreak", "42", "0.00012", "0.01"],
+    ]
+    assert lines[4][0] == "adjustment" and lines[4][3] == "outage, sorry" and lines[4][11] == "-1.01"
+    total = lines[5]
+    assert total[0] == "total" and total[8:10] == ["3683", "14483"]
+    assert total[11] == "0.01"  # 1.01 + 0.00 + 0.01 - 1.01, exactly the lines' sum
+    again = tmp_path / "again.csv"
+    assert ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", str(again)).returncode == 0
+    assert again.read_bytes() == raw  # deterministic
+
+
+def test_kill_9_mid_pass_leaves_nothing_and_the_rerun_matches_an_uninterrupted_pass(
+    pg_ledger: LedgerDb, tmp_path: Path
+) -> None:
+    path = tmp_path / "big.psv"
+    path.write_text(sacct_dump(list(synthetic_jobs(150_000, seed=11))))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUPOOL_DATABASE_URL": pg_ledger.url,
+        "GPUPOOL_BILLING_ARCHIVE_DIR": pg_ledger.settings.billing_archive_dir,
+    }
+    before = pg_ledger.ledger()
+    victim = subprocess.Popen([GPUPOOL, "billing", "replay", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def in_transaction() -> bool:
+        with pg_ledger.engine.connect() as connection:
+            return bool(
+                connection.execute(
+                    text(
+                        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                        "AND xact_start IS NOT NULL AND (query LIKE '%billing_state%' OR query LIKE '%ledger_entries%')"
+                    )
+                ).first()
+            )
+
+    wait_for(in_transaction, timeout_s=60, interval_s=0.05, what="the pass to take the billing lock")
+    time.sleep(0.3)
+    os.kill(victim.pid, signal.SIGKILL)
+    assert victim.wait(timeout=30) == -signal.SIGKILL
+    assert pg_ledger.ledger() == before
+
+    replay_ok(pg_ledger, path)
+    after_rerun = pg_ledger.ledger()
+    assert len(after_rerun) > len(before)
+    replay_ok(pg_ledger, path)
+    assert pg_ledger.ledger() == after_rerun
+    # An uninterrupted pass over the same output, into a ledger of its own, bills the same rows.
+    jobs = {r[3] for r in after_rerun if r[1] == "gpupool"}
+    assert len(jobs) == sum(1 for job in synthetic_jobs(150_000, seed=11) if job.start is not None)
+
+
+def test_two_passes_at_once_bill_once(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    path = tmp_path / "jobs.psv"
+    path.write_text(sacct_dump(list(synthetic_jobs(5_000, seed=3))))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUPOOL_DATABASE_URL": ledger_db.url,
+        "GPUPOOL_BILLING_ARCHIVE_DIR": ledger_db.settings.billing_archive_dir,
+    }
+    passes = [
+        subprocess.Popen([GPUPOOL, "billing", "replay", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in passes]
+    assert [p.returncode for p in passes] == [0, 0], outputs
+    written = sorted(int(out.split(" ledger rows")[0].rsplit(" ", 1)[1]) for out, _ in outputs)
+    assert written[0] == 0 and written[1] > 0
+    assert len(pg_rows := ledger_db.ledger()) == written[1]
+    assert len(set(pg_rows)) == len(pg_rows)
+
+
+def test_failed_node_runs_are_credited_once(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    ledger_db.add_account("acme")
+    tres = "cpu=1,gres/gpu:rtx4090=2,gres/gpu=2"
+    path = dump(tmp_path, "f.psv", row(9, "acme", "NODE_FAIL", "2026-11-03T00:00:00", "2026-11-03T01:00:00", 3600, tres))
+    replay_ok(ledger_db, path)
+    replay_ok(ledger_db, path)
+    with ledger_db.sessions() as session:
+        credits = session.execute(select(Adjustment.account, Adjustment.period, Adjustment.amount_nanos, Adjustment.kind)).all()
+    assert credits == [("acme", "2026-11", -2 * 3600 * RTX4090_NANOS, "failed_node_credit")]
+    lines = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-").stdout)))
+    assert [line[0] for line in lines[1:]] == ["job", "adjustment", "total"]
+    assert lines[1][11] == "0.86" and lines[2][11] == "-0.86" and lines[3][11] == "0.00"
+
+
+def test_price_changes_never_rewrite_billed_history(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    tres = "cpu=1,gres/gpu:rtx4090=1,gres/gpu=1"
+    replay_ok(ledger_db, dump(tmp_path, "p.psv", row(3, "acme", "COMPLETED", "2026-11-05T00:00:00", "2026-11-05T00:10:00", 600, tres)))
+    before = ledger_db.ledger()
+    refused = ledger_db.cli("price", "set", "rtx4090", "0.5", "--from", "2026-11-05T00:05:00")
+    assert refused.returncode == 1
+    assert "already billed" in refused.stderr and "2026-11-05T00:10:00Z" in refused.stderr
+    accepted = ledger_db.cli("price", "set", "rtx4090", "0.00015", "--from", "2026-11-05T00:10:00")
+    assert accepted.returncode == 0, accepted.stderr
+    assert ledger_db.ledger() == before
+    listed = ledger_db.cli("price", "list").stdout.splitlines()
+    assert "rtx4090\t2026-11-05T00:10:00Z\t0.00015" in listed
+    # Usage after the change is billed at the new price.
+    replay_ok(ledger_db, dump(tmp_path, "q.psv", row(4, "acme", "COMPLETED", "2026-11-06T00:00:00", "2026-11-06T00:00:10", 10, tres)))
+    assert ledger_db.ledger()[-1][15:] == (150_000, 1_500_000)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["billing", "replay", "/nonexistent/dump.psv"], "cannot read"),
+        (["price", "set", "rtx4090", "1e-4"], "not a decimal number"),
+        (["price", "set", "rtx4090", "0.0000000001"], "more than 9 decimal places"),
+        (["price", "set", "rtx 4090;", "0.1"], "not a GPU type"),
+        (["invoice", "--account", "acme", "--period", "2026-13"], "YYYY-MM"),
+        (["adjust", "--account", "nobody", "--amount", "-1", "--reason", "x"], "no account"),
+        (["account", "set", "nobody", "--credit", "5"], "no account"),
+        (["billing", "run", "--since", "yesterday"], "ISO 8601"),
+    ],
+)
+def test_bad_operator_input_is_refused_with_a_message(ledger_db: LedgerDb, args: list[str], message: str) -> None:
+    result = ledger_db.cli(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert ledger_db.ledger() == []
+
+
+def test_garbage_or_unpriced_input_writes_nothing(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.txt"
+    garbage.write_text("this is not sacct output\n")
+    result = ledger_db.cli("billing", "replay", str(garbage))
+    assert result.returncode == 1 and "delimiter" in result.stderr
+    unpriced = dump(
+        tmp_path,
+        "u.psv",
+        row(1, "acme", "COMPLETED", "2026-11-05T00:00:00", "2026-11-05T00:10:00", 600, "gres/gpu:rtx4090=1,gres/gpu=1"),
+        row(2, "acme", "COMPLETED", "2026-11-05T00:00:00", "2026-11-05T00:10:00", 600, "gres/gpu:h100=1,gres/gpu=1"),
+    )
+    result = ledger_db.cli("billing", "replay", str(unpriced))
+    assert result.returncode == 1
+    assert "no price for GPU type 'h100'" in result.stderr
+    assert ledger_db.ledger() == []
+    with ledger_db.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(BillingPass)) == 0
