@@ -20,9 +20,9 @@ Nothing is ever updated.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping, MutableMapping
+import functools
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 
 from billing.sacct import FAILED_NODE_STATES, JobRun
@@ -45,10 +45,15 @@ def period_of(moment: dt.datetime) -> str:
     return f"{moment.year:04d}-{moment.month:02d}"
 
 
+@functools.cache
+def _month(year: int, month: int) -> tuple[str, dt.datetime]:
+    """The period name of a month and when the next one starts."""
+    following = dt.datetime(year + 1, 1, 1, tzinfo=dt.UTC) if month == 12 else dt.datetime(year, month + 1, 1, tzinfo=dt.UTC)
+    return f"{year:04d}-{month:02d}", following
+
+
 def next_month_start(moment: dt.datetime) -> dt.datetime:
-    if moment.month == 12:
-        return dt.datetime(moment.year + 1, 1, 1, tzinfo=dt.UTC)
-    return dt.datetime(moment.year, moment.month + 1, 1, tzinfo=dt.UTC)
+    return _month(moment.year, moment.month)[1]
 
 
 class PriceBook:
@@ -80,6 +85,9 @@ class PriceBook:
 
     def price_at(self, gpu_type: str, moment: dt.datetime) -> tuple[int, dt.datetime | None]:
         """The unit price in force at ``moment`` and when it next changes (None: not scheduled)."""
+        starts = self._starts.get(gpu_type)
+        if starts is not None and len(starts) == 1 and starts[0] <= moment:
+            return self._nanos[gpu_type][0], None  # the usual case: one price, ever
         starts, nanos, index = self._schedule(gpu_type, moment)
         next_change = starts[index + 1] if index + 1 < len(starts) else None
         return nanos[index], next_change
@@ -99,7 +107,7 @@ class PriceBook:
         return max(known)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per row, and a frozen __init__ is slow
 class LedgerRow:
     run: JobRun
     gpu_type: str
@@ -150,6 +158,9 @@ def _corrections(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: P
     return rows
 
 
+_NOTHING_BILLED = Billed()
+
+
 def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBook) -> list[LedgerRow]:
     """Rows for ``[start + billed_s, start + ElapsedRaw)``, cut at month starts and price changes."""
     rows: list[LedgerRow] = []
@@ -167,7 +178,7 @@ def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBo
                 run=run,
                 gpu_type=gpu_type,
                 gpus=gpus,
-                period=period_of(moment),
+                period=_month(moment.year, moment.month)[0],
                 interval_from=moment,
                 interval_to=cut,
                 seconds=seconds,
@@ -188,30 +199,49 @@ def _final_marker(run: JobRun, gpu_type: str, gpus: int, prices: PriceBook) -> L
 
 def meter(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], prices: PriceBook) -> list[LedgerRow]:
     """Rows for every second of ``runs`` not yet in ``billed`` (which is updated as rows are made)."""
-    rows: list[LedgerRow] = []
+    return list(meter_rows(runs, billed, prices))
+
+
+def meter_rows(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], prices: PriceBook) -> Iterator[LedgerRow]:
+    """``meter``, one run at a time, for a consumer that writes while rows are still being made."""
     for run in runs:
         for gpu_type, gpus in run.gpus.items():
             key = (run.cluster, run.job_id_raw, run.start, gpu_type)
-            done = billed.get(key) or Billed()
+            done = billed.get(key)
+            if done is None and run.finished and run.elapsed_s > 0:
+                # The common case, kept cheap: a finished run seen for the first time,
+                # inside one month, at a price that does not change under it.
+                start = run.start
+                end = start + run.elapsed_s * _ONE_SECOND
+                period, month_end = _month(start.year, start.month)
+                unit_price, price_change = prices.price_at(gpu_type, start)
+                if end <= month_end and (price_change is None or price_change >= end):
+                    gpu_seconds = gpus * run.elapsed_s
+                    yield LedgerRow(
+                        run, gpu_type, gpus, period, start, end, run.elapsed_s, gpu_seconds,
+                        unit_price, gpu_seconds * unit_price, False, True,
+                    )
+                    billed[key] = Billed(run.elapsed_s, True)
+                    continue
+            done = done or _NOTHING_BILLED
             if done.final:
                 continue  # Slurm's final record is billed; later snapshots are older news
             if not run.finished:
                 if run.elapsed_s > done.seconds:
-                    rows.extend(_usage(run, gpu_type, gpus, done.seconds, prices))
+                    yield from _usage(run, gpu_type, gpus, done.seconds, prices)
                     billed[key] = Billed(run.elapsed_s, False)
                 continue  # an older snapshot of a run still going: nothing new
             if run.elapsed_s > done.seconds:
                 closing = _usage(run, gpu_type, gpus, done.seconds, prices)
-                closing[-1] = dataclasses.replace(closing[-1], final=True)
+                closing[-1].final = True
             elif run.elapsed_s < done.seconds:
                 closing = _corrections(run, gpu_type, gpus, done.seconds, prices)
             elif done.seconds > 0:
                 closing = [_final_marker(run, gpu_type, gpus, prices)]
             else:
                 continue  # never billed, never ran a second: nothing to close
-            rows.extend(closing)
+            yield from closing
             billed[key] = Billed(run.elapsed_s, True)
-    return rows
 
 
 def billed_by_run(rows: Iterable[tuple[str, int, dt.datetime, str, int, bool]]) -> dict[RunKey, Billed]:

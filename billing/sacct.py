@@ -9,9 +9,11 @@ stays in the name, and a newline continues the name on the next line.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from gpupool.slurm_parse import ParseError, base_state, gpus_by_type, parse_time, split_rows
+from gpupool.slurm_parse import ParseError, base_state, gpus_by_type, iter_rows, parse_time, read_header
 
 SACCT_FIELDS = (
     "Cluster",
@@ -33,7 +35,7 @@ FAILED_NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 _UNFINISHED = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "STAGE_OUT"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more
 class JobRun:
     """One allocation of one job: a requeued job has one run per start."""
 
@@ -47,6 +49,9 @@ class JobRun:
     elapsed_s: int
     gpus: dict[str, int]
     name: str
+    # sacct's own text of start and end, reused when writing rows (see billing.worker).
+    start_text: str = field(default="", compare=False, repr=False)
+    end_text: str = field(default="", compare=False, repr=False)
 
     @property
     def finished(self) -> bool:
@@ -72,52 +77,91 @@ def detect_delimiter(header_line: str) -> str:
     raise ParseError(f"cannot tell the delimiter of header {header_line[:120]!r}")
 
 
-def parse_runs(text: str, *, delimiter: str = "|", default_cluster: str | None = None) -> ParsedAccounting:
-    """Every run with an allocation holding GPUs; pending and never-started jobs bill nothing."""
-    header, rows = split_rows(text, delimiter, REQUIRED_FIELDS)
-    if header[-1] != "JobName" and "JobName" in header:
-        raise ParseError("JobName must be the last column, or a '|' in a name would shift the columns")
-    column = {name: index for index, name in enumerate(header)}
-    if "Cluster" not in column and default_cluster is None:
-        raise ParseError("no Cluster column; name the cluster (--cluster) for this output")
-    i_cluster = column.get("Cluster")
-    i_raw, i_account, i_state = column["JobIDRaw"], column["Account"], column["State"]
-    i_start, i_elapsed, i_tres = column["Start"], column["ElapsedRaw"], column["AllocTRES"]
-    i_id, i_end, i_name = column.get("JobID"), column.get("End"), column.get("JobName")
+@dataclass
+class RunReader:
+    """Runs of one sacct text, read lazily (``runs()``), so a pass can write while it reads.
 
-    runs: list[JobRun] = []
-    for row in rows:
-        raw = row[i_raw].strip()
-        if not raw.isdigit():
-            continue  # a step (12.batch) of output read without -X
-        tres = row[i_tres]
-        if "gres/gpu" not in tres:
-            continue
-        elapsed_text = row[i_elapsed].strip()
-        if not elapsed_text.isdigit():
-            raise ParseError(f"job {raw}: ElapsedRaw {elapsed_text!r} is not a number of seconds")
-        elapsed = int(elapsed_text)
-        state = base_state(row[i_state])
-        start = parse_time(row[i_start])
-        if start is None or state == "PENDING":
-            continue  # never allocated: no charge
-        # A run with ElapsedRaw 0 bills nothing, but is kept: it may correct seconds
-        # billed while slurmdbd still thought it was running.
-        gpus = gpus_by_type(tres)
-        if not gpus:
-            continue
-        runs.append(
-            JobRun(
-                cluster=row[i_cluster].strip() if i_cluster is not None else default_cluster or "",
-                job_id_raw=int(raw),
-                job_id=row[i_id].strip() if i_id is not None else raw,
-                account=row[i_account].strip().lower(),
-                state=state,
-                start=start,
-                end=parse_time(row[i_end]) if i_end is not None else None,
-                elapsed_s=elapsed,
-                gpus=gpus,
-                name=row[i_name] if i_name is not None else "",
+    ``rows`` counts every row read so far, including pending and GPU-less jobs.
+    """
+
+    text: str
+    delimiter: str = "|"
+    default_cluster: str | None = None
+    rows: int = 0
+
+    def __post_init__(self) -> None:
+        self.header = read_header(self.text, self.delimiter, REQUIRED_FIELDS)
+        if self.header[-1] != "JobName" and "JobName" in self.header:
+            raise ParseError("JobName must be the last column, or a '|' in a name would shift the columns")
+        if "Cluster" not in self.header and self.default_cluster is None:
+            raise ParseError("no Cluster column; name the cluster (--cluster) for this output")
+
+    def job_id_span(self) -> tuple[int, int] | None:
+        """Lowest and highest JobIDRaw, by a quick scan; name lines can only widen it."""
+        index = self.header.index("JobIDRaw")
+        delimiter = re.escape(self.delimiter)
+        pattern = re.compile(rf"^(?:[^\n]*?{delimiter}){{{index}}}(\d+){delimiter}", re.MULTILINE)
+        ids = [int(found) for found in pattern.findall(self.text)]
+        return (min(ids), max(ids)) if ids else None
+
+    def runs(self) -> Iterator[JobRun]:
+        """Every run that was allocated GPUs; pending and never-started jobs bill nothing."""
+        column = {name: index for index, name in enumerate(self.header)}
+        i_cluster = column.get("Cluster")
+        i_raw, i_account, i_state = column["JobIDRaw"], column["Account"], column["State"]
+        i_start, i_elapsed, i_tres = column["Start"], column["ElapsedRaw"], column["AllocTRES"]
+        i_id, i_end, i_name = column.get("JobID"), column.get("End"), column.get("JobName")
+        default_cluster = self.default_cluster or ""
+        # A cluster has few job shapes and states: the same strings recur thousands of times.
+        gpus_of: dict[str, dict[str, int]] = {}
+        states: dict[str, str] = {}
+        from_iso = dt.datetime.fromisoformat
+        for row in iter_rows(self.text, self.delimiter, len(self.header)):
+            self.rows += 1
+            raw = row[i_raw]
+            if not raw.isdigit():
+                continue  # a step (12.batch) of output read without -X
+            tres = row[i_tres]
+            if "gres/gpu" not in tres:
+                continue
+            elapsed_text = row[i_elapsed]
+            if not elapsed_text.isdigit():
+                raise ParseError(f"job {raw}: ElapsedRaw {elapsed_text!r} is not a number of seconds")
+            state = states.get(row[i_state])
+            if state is None:
+                state = states[row[i_state]] = base_state(row[i_state])
+            start_text = row[i_start]
+            # Slurm's own shape (2026-11-29T19:19:44, in TZ=UTC) parses on the fast path.
+            start = from_iso(start_text + "+00:00") if len(start_text) == 19 else parse_time(start_text)
+            if start is None or state == "PENDING":
+                continue  # never allocated: no charge
+            # A run with ElapsedRaw 0 bills nothing, but is kept: it may correct seconds
+            # billed while slurmdbd still thought it was running.
+            gpus = gpus_of.get(tres)
+            if gpus is None:
+                gpus = gpus_of[tres] = gpus_by_type(tres)
+            if not gpus:
+                continue
+            end_text = row[i_end] if i_end is not None else ""
+            end = from_iso(end_text + "+00:00") if len(end_text) == 19 else parse_time(end_text)
+            yield JobRun(
+                row[i_cluster] if i_cluster is not None else default_cluster,
+                int(raw),
+                row[i_id] if i_id is not None else raw,
+                row[i_account].lower(),
+                state,
+                start,
+                end,
+                int(elapsed_text),
+                gpus,
+                row[i_name].replace("\x00", "") if i_name is not None else "",
+                start_text,
+                end_text if end is not None else "",
             )
-        )
-    return ParsedAccounting(runs=runs, rows=len(rows))
+
+
+def parse_runs(text: str, *, delimiter: str = "|", default_cluster: str | None = None) -> ParsedAccounting:
+    """Every run of ``text`` that was allocated GPUs, at once."""
+    reader = RunReader(text, delimiter, default_cluster)
+    runs = list(reader.runs())
+    return ParsedAccounting(runs=runs, rows=reader.rows)

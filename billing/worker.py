@@ -15,7 +15,7 @@ import datetime as dt
 import io
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from billing.archive import Archiver, read_text
 from billing.budgets import remaining_nanos
 from billing.prices import load_prices
-from billing.meter import Billed, LedgerRow, RunKey, billed_by_run, failed_node_credits, meter
-from billing.sacct import FAILED_NODE_STATES, SACCT_FIELDS, JobRun, ParsedAccounting, detect_delimiter, parse_runs
+from billing.meter import Billed, LedgerRow, RunKey, billed_by_run, failed_node_credits, meter_rows
+from billing.sacct import FAILED_NODE_STATES, SACCT_FIELDS, JobRun, RunReader, detect_delimiter
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
@@ -86,11 +86,9 @@ def _lock(session: Session, now: dt.datetime) -> dt.datetime | None:
     return mark
 
 
-def _already_billed(session: Session, runs: Sequence[JobRun]) -> dict[RunKey, Billed]:
-    if not runs:
+def _already_billed(session: Session, span: tuple[int, int] | None) -> dict[RunKey, Billed]:
+    if span is None:
         return {}
-    low = min(run.job_id_raw for run in runs)
-    high = max(run.job_id_raw for run in runs)
     query = (
         select(
             LedgerEntry.cluster,
@@ -100,81 +98,139 @@ def _already_billed(session: Session, runs: Sequence[JobRun]) -> dict[RunKey, Bi
             func.sum(LedgerEntry.seconds),
             func.max(case((LedgerEntry.final, 1), else_=0)),
         )
-        .where(LedgerEntry.job_id_raw.between(low, high))
+        .where(LedgerEntry.job_id_raw.between(*span))
         .group_by(LedgerEntry.cluster, LedgerEntry.job_id_raw, LedgerEntry.run_start, LedgerEntry.gpu_type)
     )
     return billed_by_run((c, j, s, t, int(n), bool(f)) for c, j, s, t, n, f in session.execute(query))
 
 
-def _gpupool_job_ids(session: Session, rows: Sequence[LedgerRow]) -> dict[tuple[int, dt.datetime], str]:
-    """API job id for each billed (Slurm job id, run start): the latest job row created before the run."""
-    if not rows:
-        return {}
-    low = min(row.run.job_id_raw for row in rows)
-    high = max(row.run.job_id_raw for row in rows)
+JobIdLookup = Callable[[JobRun], str | None]
+
+
+def _gpupool_job_ids(session: Session, span: tuple[int, int] | None) -> JobIdLookup:
+    """API job id of a run: the latest job row with its Slurm id and account created before it started."""
     candidates: dict[int, list[tuple[dt.datetime, str, str]]] = {}
-    query = select(Job.slurm_job_id, Job.created_at, Job.id, Job.account).where(Job.slurm_job_id.between(low, high))
-    for slurm_job_id, created_at, job_id, account in session.execute(query):
-        candidates.setdefault(slurm_job_id, []).append((created_at, job_id, account))
-    found: dict[tuple[int, dt.datetime], str] = {}
-    if not candidates:
-        return found
-    for row in rows:
-        run = row.run
+    if span is not None:
+        query = select(Job.slurm_job_id, Job.created_at, Job.id, Job.account).where(Job.slurm_job_id.between(*span))
+        for slurm_job_id, created_at, job_id, account in session.execute(query):
+            candidates.setdefault(slurm_job_id, []).append((created_at, job_id, account))
+
+    def lookup(run: JobRun) -> str | None:
         options = candidates.get(run.job_id_raw)
         if not options:
-            continue
+            return None
         eligible = [o for o in options if o[0] <= run.start + _SUBMIT_SLACK and o[2] == run.account]
-        if eligible:
-            found[(run.job_id_raw, run.start)] = max(eligible)[1]
-    return found
+        return max(eligible)[1] if eligible else None
+
+    return lookup
 
 
-def _insert_rows(session: Session, pass_id: int, rows: Sequence[LedgerRow], job_ids: dict[tuple[int, dt.datetime], str]) -> None:
-    if not rows:
-        return
+_COPY_BATCH = 1000  # rows per chunk: ~200 KB, far below _COPY_READ_SIZE
+_COPY_READ_SIZE = 64 * 1024 * 1024
+COPY_LEDGER_SQL = (
+    f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN WITH (FORMAT csv, FORCE_NULL (gpupool_job_id))"
+)
+
+
+def ledger_csv_lines(
+    pass_id: int, rows: Iterable[LedgerRow], job_id_of: JobIdLookup, written: list[LedgerRow] | None = None
+) -> Iterator[str]:
+    """The rows as COPY's CSV input, in ``LEDGER_COLUMNS`` order, ``_COPY_BATCH`` rows per chunk.
+
+    Each row is also appended to ``written``, if given.
+    """
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
+    batch: list[tuple] = []
+    keep = written.append if written is not None else None
+    for row in rows:
+        if keep is not None:
+            keep(row)
+        run = row.run
+        # sacct's own text where it fits: isoformat costs more than the rest of the row.
+        start_text = run.start_text + "+00:00" if run.start_text else run.start.isoformat()
+        batch.append(
+            (
+                pass_id,
+                run.account,
+                run.cluster,
+                run.job_id,
+                run.job_id_raw,
+                start_text,
+                job_id_of(run),
+                run.name,
+                run.state,
+                row.gpu_type,
+                row.gpus,
+                row.period,
+                start_text if row.interval_from == run.start else row.interval_from.isoformat(),
+                run.end_text + "+00:00" if run.end_text and row.interval_to == run.end else row.interval_to.isoformat(),
+                row.seconds,
+                row.gpu_seconds,
+                row.unit_price_nanos,
+                row.amount_nanos,
+                "t" if row.correction else "f",
+                "t" if row.final else "f",
+            )
+        )
+        if len(batch) == _COPY_BATCH:
+            writer.writerows(batch)
+            batch.clear()
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    writer.writerows(batch)
+    yield buffer.getvalue()
+
+
+class _ChunkReader:
+    """A file-like view of text chunks for COPY: PostgreSQL ingests while Python still produces.
+
+    An exception while producing ends the data early and is re-raised by ``reraise``,
+    so the caller's transaction rolls back with the real cause.
+    """
+
+    def __init__(self, chunks: Iterator[str]) -> None:
+        self._chunks = chunks
+        self.error: BaseException | None = None
+
+    def read(self, size: int = -1) -> str:
+        # Whole chunks (COPY is called with a read size above any chunk): slicing a
+        # pending buffer 8 KiB at a time would copy it over and over.
+        if self.error is None:
+            try:
+                return next(self._chunks)
+            except StopIteration:
+                return ""
+            except Exception as exc:  # noqa: BLE001 - handed back by reraise()
+                self.error = exc
+        return ""
+
+    readline = read
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _insert_rows(session: Session, pass_id: int, rows: Iterable[LedgerRow], job_id_of: JobIdLookup) -> list[LedgerRow]:
+    """Write ``rows`` (consumed lazily on PostgreSQL) and return them."""
+    written: list[LedgerRow] = []
     connection = session.connection()
     if connection.dialect.name == "postgresql":
-        # COPY is the fastest way into PostgreSQL, several times executemany.
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
-        for row in rows:
-            run = row.run
-            writer.writerow(
-                (
-                    pass_id,
-                    run.account,
-                    run.cluster,
-                    run.job_id,
-                    run.job_id_raw,
-                    run.start.isoformat(),
-                    job_ids.get((run.job_id_raw, run.start)),
-                    run.name,
-                    run.state,
-                    row.gpu_type,
-                    row.gpus,
-                    row.period,
-                    row.interval_from.isoformat(),
-                    row.interval_to.isoformat(),
-                    row.seconds,
-                    row.gpu_seconds,
-                    row.unit_price_nanos,
-                    row.amount_nanos,
-                    "t" if row.correction else "f",
-                    "t" if row.final else "f",
-                )
-            )
-        buffer.seek(0)
+        # COPY is several times faster than executemany, and reading the rows from a
+        # generator lets the server parse them on the other core while these are made.
+        reader = _ChunkReader(ledger_csv_lines(pass_id, rows, job_id_of, written))
         cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
-            cursor.copy_expert(
-                f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN "
-                "WITH (FORMAT csv, FORCE_NULL (gpupool_job_id))",
-                buffer,
-            )
+            cursor.copy_expert(COPY_LEDGER_SQL, reader, size=_COPY_READ_SIZE)
         finally:
             cursor.close()
-        return
+        reader.reraise()
+        return written
+    written = list(rows)
+    if not written:
+        return written
     session.execute(
         insert(LedgerEntry),
         [
@@ -185,7 +241,7 @@ def _insert_rows(session: Session, pass_id: int, rows: Sequence[LedgerRow], job_
                 "slurm_job_id": row.run.job_id,
                 "job_id_raw": row.run.job_id_raw,
                 "run_start": row.run.start,
-                "gpupool_job_id": job_ids.get((row.run.job_id_raw, row.run.start)),
+                "gpupool_job_id": job_id_of(row.run),
                 "job_name": row.run.name,
                 "state": row.run.state,
                 "gpu_type": row.gpu_type,
@@ -200,9 +256,10 @@ def _insert_rows(session: Session, pass_id: int, rows: Sequence[LedgerRow], job_
                 "correction": row.correction,
                 "final": row.final,
             }
-            for row in rows
+            for row in written
         ],
     )
+    return written
 
 
 def _credit_failed_nodes(session: Session, runs: Sequence[JobRun], now: dt.datetime) -> int:
@@ -261,20 +318,21 @@ def bill_text(
 ) -> PassReport:
     """Bill ``text`` inside the caller's transaction, which must hold the billing lock."""
     archiver = Archiver(text, Path(settings.billing_archive_dir), f"{started_at:%Y%m%dT%H%M%S}-{kind}")
+
+    def unreadable(exc: ParseError) -> GpupoolError:
+        if kind == "replay":
+            return BadRequest(f"{source}: {exc}")
+        return SlurmUnavailable(f"unexpected sacct output: {exc}")
+
     try:
-        parsed: ParsedAccounting = parse_runs(text, delimiter=delimiter, default_cluster=default_cluster)
+        reader = RunReader(text, delimiter, default_cluster)
     except ParseError as exc:
         archiver.join()
-        if kind == "replay":
-            raise BadRequest(f"{source}: {exc}") from exc
-        raise SlurmUnavailable(f"unexpected sacct output: {exc}") from exc
+        raise unreadable(exc) from exc
+    span = reader.job_id_span()
     prices = load_prices(session)
-    billed = _already_billed(session, parsed.runs)
-    rows = meter(parsed.runs, billed, prices)
-    try:
-        archive_path, sha256 = archiver.result()
-    except OSError as exc:
-        raise ServiceUnavailable(f"cannot archive the sacct output in {settings.billing_archive_dir}: {exc}") from exc
+    billed = _already_billed(session, span)
+    job_id_of = _gpupool_job_ids(session, span)
     record = BillingPass(
         kind=kind,
         started_at=started_at,
@@ -282,24 +340,43 @@ def bill_text(
         window_start=window[0],
         window_end=window[1],
         source=source,
-        source_sha256=sha256,
-        archive_path=str(archive_path),
-        sacct_rows=parsed.rows,
-        ledger_rows=len(rows),
+        source_sha256="",  # filled in below, once the archive thread is done
+        archive_path=None,
+        sacct_rows=0,
+        ledger_rows=0,
         adjustment_rows=0,
     )
     session.add(record)
     session.flush()
-    _insert_rows(session, record.id, rows, _gpupool_job_ids(session, rows))
-    credits = _credit_failed_nodes(session, parsed.runs, started_at) if settings.billing_credit_failed_nodes else 0
+    runs: list[JobRun] = []
+
+    def read_runs() -> Iterator[JobRun]:
+        for run in reader.runs():
+            runs.append(run)
+            yield run
+
+    try:
+        # Read, meter and write in one stream: PostgreSQL stores rows while later ones are read.
+        rows = _insert_rows(session, record.id, meter_rows(read_runs(), billed, prices), job_id_of)
+    except ParseError as exc:
+        raise unreadable(exc) from exc
+    credits = _credit_failed_nodes(session, runs, started_at) if settings.billing_credit_failed_nodes else 0
+    try:
+        archive_path, sha256 = archiver.result()
+    except OSError as exc:
+        raise ServiceUnavailable(f"cannot archive the sacct output in {settings.billing_archive_dir}: {exc}") from exc
+    record.source_sha256 = sha256
+    record.archive_path = str(archive_path)
+    record.sacct_rows = reader.rows
+    record.ledger_rows = len(rows)
     record.adjustment_rows = credits
     record.finished_at = utcnow()
     return PassReport(
         pass_id=record.id,
         window_start=window[0],
         window_end=window[1],
-        sacct_rows=parsed.rows,
-        runs=len(parsed.runs),
+        sacct_rows=reader.rows,
+        runs=len(runs),
         ledger_rows=len(rows),
         gpu_seconds=sum(row.gpu_seconds for row in rows),
         amount_nanos=sum(row.amount_nanos for row in rows),
@@ -395,7 +472,8 @@ def replay(
         text = read_text(path)
     except OSError as exc:
         raise BadRequest(f"cannot read {path}: {exc.strerror or exc}") from exc
-    first_line = next((line for line in text.splitlines() if line.strip()), "")
+    stripped = text.lstrip()
+    first_line = stripped[: stripped.find("\n")] if "\n" in stripped else stripped
     if not first_line:
         raise BadRequest(f"{path} is empty; expected sacct --parsable2 output with a header line")
     if delimiter is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 _NO_TIME = frozenset({"", "Unknown", "N/A", "None", "NONE", "(null)"})
@@ -21,29 +21,50 @@ class ParseError(ValueError):
     """Output did not have the shape gpupool asked Slurm for."""
 
 
-def split_rows(text: str, delimiter: str = "|", required: Sequence[str] = ()) -> tuple[list[str], list[list[str]]]:
-    """The header of ``text`` and its rows as field lists; the header must name ``required``."""
-    lines = text.splitlines()
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    if not lines:
+def read_header(text: str, delimiter: str = "|", required: Sequence[str] = ()) -> list[str]:
+    """The column names on the first non-blank line of ``text``, which must include ``required``."""
+    start = 0
+    while True:
+        end = text.find("\n", start)
+        line = text[start:] if end < 0 else text[start:end]
+        if line.strip() or end < 0:
+            break
+        start = end + 1
+    if not line.strip():
         raise ParseError("no header line in Slurm output")
-    header = [name.strip() for name in lines[0].split(delimiter)]
+    header = [name.strip() for name in line.split(delimiter)]
     missing = [name for name in required if name not in header]
     if missing:
-        raise ParseError(f"Slurm output lacks column(s) {', '.join(missing)}; header was {lines[0]!r}")
-    width = len(header)
-    rows: list[list[str]] = []
-    for line in lines[1:]:
+        raise ParseError(f"Slurm output lacks column(s) {', '.join(missing)}; header was {line!r}")
+    return header
+
+
+def iter_rows(text: str, delimiter: str, width: int) -> Iterator[list[str]]:
+    """Rows after the header as field lists, lazily; a row is yielded once the next one starts."""
+    lines = iter(text.splitlines())
+    for line in lines:
+        if line.strip():
+            break  # the header
+    pending: list[str] | None = None
+    for line in lines:
         fields = line.split(delimiter, width - 1)
         if len(fields) == width:
-            rows.append(fields)
-        elif rows and line != "":
+            if pending is not None:
+                yield pending
+            pending = fields
+        elif pending is not None and line != "":
             # A newline inside the last (free-text) column of the previous row.
-            rows[-1][-1] += "\n" + line
+            pending[-1] += "\n" + line
         elif line.strip():
             raise ParseError(f"expected {width} fields, got {len(fields)}: {line!r}")
-    return header, rows
+    if pending is not None:
+        yield pending
+
+
+def split_rows(text: str, delimiter: str = "|", required: Sequence[str] = ()) -> tuple[list[str], list[list[str]]]:
+    """The header of ``text`` and its rows as field lists; the header must name ``required``."""
+    header = read_header(text, delimiter, required)
+    return header, list(iter_rows(text, delimiter, len(header)))
 
 
 def parse_delimited(text: str, delimiter: str = "|", required: Sequence[str] = ()) -> list[dict[str, str]]:
@@ -62,7 +83,7 @@ def parse_time(value: str) -> dt.datetime | None:
     if len(value) != 19 or value[10] != "T":
         raise ParseError(f"not a Slurm timestamp: {value!r}")
     try:
-        return dt.datetime.fromisoformat(value).replace(tzinfo=dt.UTC)
+        return dt.datetime.fromisoformat(value + "+00:00")
     except ValueError as exc:
         raise ParseError(f"not a Slurm timestamp: {value!r}") from exc
 

@@ -74,7 +74,10 @@ class LedgerEntry(Base):
         UniqueConstraint(
             "cluster", "job_id_raw", "run_start", "gpu_type", "interval_from", "correction", name="uq_ledger_run_interval"
         ),
-        Index("ix_ledger_account_period", "account", "period"),
+        # Invoices group and order by exactly these columns: an index scan with no sort.
+        Index(
+            "ix_ledger_invoice", "account", "period", "cluster", "job_id_raw", "run_start", "gpu_type", "unit_price_nanos"
+        ),
         Index("ix_ledger_gpupool_job", "gpupool_job_id"),
     )
 

@@ -114,9 +114,9 @@ def test_invoice_csv_lines_adjustments_and_exact_total(ledger_db: LedgerDb, tmp_
         "billed_seconds", "gpu_seconds", "unit_price", "amount", "currency",
     ]
     assert [line[2:4] + line[9:12] for line in lines[1:4]] == [
-        ["7", "job", "14400", "0.00007", "1.01"],
         ["5", 'say "hi", then|pipe', "41", "0.00012", "0.00"],
         ["6", "line\nbreak", "42", "0.00012", "0.01"],
+        ["7", "job", "14400", "0.00007", "1.01"],
     ]
     assert lines[4][0] == "adjustment" and lines[4][3] == "outage, sorry" and lines[4][11] == "-1.01"
     total = lines[5]

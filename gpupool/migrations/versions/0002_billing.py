@@ -82,7 +82,11 @@ def upgrade() -> None:
             "cluster", "job_id_raw", "run_start", "gpu_type", "interval_from", "correction", name="uq_ledger_run_interval"
         ),
     )
-    op.create_index("ix_ledger_account_period", "ledger_entries", ["account", "period"])
+    op.create_index(
+        "ix_ledger_invoice",
+        "ledger_entries",
+        ["account", "period", "cluster", "job_id_raw", "run_start", "gpu_type", "unit_price_nanos"],
+    )
     op.create_index("ix_ledger_gpupool_job", "ledger_entries", ["gpupool_job_id"])
     op.create_table(
         "adjustments",
@@ -103,7 +107,7 @@ def downgrade() -> None:
     op.drop_index("ix_adjustments_account_period", table_name="adjustments")
     op.drop_table("adjustments")
     op.drop_index("ix_ledger_gpupool_job", table_name="ledger_entries")
-    op.drop_index("ix_ledger_account_period", table_name="ledger_entries")
+    op.drop_index("ix_ledger_invoice", table_name="ledger_entries")
     op.drop_table("ledger_entries")
     op.drop_table("prices")
     op.drop_table("billing_passes")
