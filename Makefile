@@ -40,6 +40,8 @@ bench: venv services cluster
 	command -v wrk >/dev/null || $(SUDO) apt-get install -y -qq wrk
 	$(VENV)/bin/python bench/submit.py
 	$(VENV)/bin/python bench/poll.py
+	$(VENV)/bin/python bench/billing.py
+	$(VENV)/bin/python bench/invoice.py
 
 clean:
 	rm -rf var build *.egg-info

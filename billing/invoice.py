@@ -112,7 +112,7 @@ def job_line_groups(connection: Connection, account: str, period: str) -> Iterat
         compiled = query.compile(dialect=connection.dialect)
         cursor = connection.connection.dbapi_connection.cursor(name=f"invoice_{uuid.uuid4().hex}")  # type: ignore[union-attr]
         try:
-            cursor.itersize = _BATCH
+            cursor.itersize = _BATCH  # type: ignore[union-attr]
             cursor.execute(str(compiled), compiled.params)
             while batch := cursor.fetchmany(_BATCH):
                 yield batch

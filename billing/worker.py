@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.archive import Archiver, read_text
 from billing.budgets import remaining_nanos
-from billing.prices import load_prices
 from billing.meter import Billed, LedgerRow, RunKey, billed_by_run, failed_node_credits, meter_rows
+from billing.prices import load_prices
 from billing.sacct import FAILED_NODE_STATES, SACCT_FIELDS, JobRun, RunReader, detect_delimiter
 from gpupool.config import Settings
 from gpupool.db import utcnow
@@ -113,7 +113,8 @@ def _gpupool_job_ids(session: Session, span: tuple[int, int] | None) -> JobIdLoo
     if span is not None:
         query = select(Job.slurm_job_id, Job.created_at, Job.id, Job.account).where(Job.slurm_job_id.between(*span))
         for slurm_job_id, created_at, job_id, account in session.execute(query):
-            candidates.setdefault(slurm_job_id, []).append((created_at, job_id, account))
+            if slurm_job_id is not None:
+                candidates.setdefault(slurm_job_id, []).append((created_at, job_id, account))
 
     def lookup(run: JobRun) -> str | None:
         options = candidates.get(run.job_id_raw)

@@ -14,12 +14,12 @@ from sqlalchemy import select
 
 from billing.money import format_nanos
 from gpupool import db
-from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool.config import Settings, load_settings
 from gpupool.errors import GpupoolError
 from gpupool.models import ACCOUNT_NAME, Account
 from gpupool.slurm import SlurmClient
 from gpupool.tokens import create_token
+from gpupool_cli.billing_cmds import add_billing_parsers
 
 
 def _account_name(value: str) -> str:

@@ -241,3 +241,40 @@ def test_slurmdbd_down_fails_the_pass_cleanly_and_nothing_is_lost(pg_ledger: Led
     assert pg_ledger.cli("billing", "run").returncode == 0
     assert_billed_exactly(pg_ledger, runs)
     assert pg_ledger.mark() > mark
+
+
+def test_backfill_bills_a_window_in_passes_and_rerunning_it_adds_nothing(pg_ledger: LedgerDb, account: str) -> None:
+    job = sbatch(account, "--gres=gpu:2", wrap="sleep 3")
+    runs = wait_finished(job)
+    start = parse_time(runs[0]["Start"])
+    assert start is not None
+    since = (start - dt.timedelta(hours=25)).strftime("%Y-%m-%dT%H:%M:%S")
+    mark = pg_ledger.mark()
+    backfill = pg_ledger.cli("billing", "run", "--since", since, "--until", dt.datetime.now(dt.UTC).isoformat())
+    assert backfill.returncode == 0, backfill.stderr
+    assert "in 2 passes" in backfill.stdout  # 24 h windows
+    assert_billed_exactly(pg_ledger, runs)
+    rows = pg_ledger.ledger()
+    again = pg_ledger.cli("billing", "run", "--since", since)
+    assert again.returncode == 0 and "0 ledger rows" in again.stdout
+    assert pg_ledger.ledger() == rows
+    assert mark is None or pg_ledger.mark() >= mark  # a backfill never moves the mark back
+    assert pg_ledger.cli("billing", "run", "--since", "2026-12-02", "--until", "2026-12-01").returncode == 2
+
+
+def test_an_exhausted_account_has_its_jobs_cancelled_when_the_operator_asks(pg_ledger: LedgerDb, account: str) -> None:
+    job = sbatch(account, "--gres=gpu:1", wrap="sleep 300")
+    wait_running_for(job, 3)
+    assert pg_ledger.cli("account", "set", account, "--credit", "0.0001").returncode == 0
+    try:
+        untouched = pg_ledger.cli("billing", "run")  # the setting is off by default
+        assert untouched.returncode == 0 and state_of(job) == "RUNNING"
+        cancelling = pg_ledger.cli("billing", "run", GPUPOOL_BILLING_CANCEL_EXHAUSTED="true")
+        assert cancelling.returncode == 0, cancelling.stderr
+        assert f"account {account} has no budget left: its jobs were cancelled" in cancelling.stdout
+        runs = wait_finished(job)
+        assert runs[-1]["State"].startswith("CANCELLED")
+    finally:
+        pg_ledger.cli("account", "set", account, "--credit", "none")
+    assert pg_ledger.cli("billing", "run").returncode == 0
+    assert_billed_exactly(pg_ledger, sacct_runs(job))

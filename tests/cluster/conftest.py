@@ -1,10 +1,14 @@
-"""Fixtures for the tests of the local Slurm cluster that `make cluster` provisions."""
+"""Fixtures for the tests of the playbook (deploy/ansible) and the local cluster it provisions."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ansible: runs ansible-playbook or ansible-lint on this machine, without the cluster")
 
 
 @pytest.fixture(scope="session")

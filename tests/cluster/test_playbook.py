@@ -5,22 +5,18 @@ Needs the cluster provisioned first (`make cluster`), as root.
 
 from __future__ import annotations
 
-import os
+import pwd
 import re
+import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+from tests.cluster.ansible_run import PlaybookRun, run_playbook
 
-RECAP_LINE = re.compile(
-    r"^(?P<host>\S+)\s*:\s*ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
-    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
-    re.MULTILINE,
-)
+pytestmark = pytest.mark.cluster
 
 
 def run(argv: list[str], **kwargs: Any) -> str:
@@ -35,48 +31,26 @@ def node_name() -> str:
     return names[0]
 
 
-def run_playbook(repo_root: Path, **extra_env: str) -> tuple[str, list[re.Match[str]]]:
-    """Run site.yml on the local inventory; its output and PLAY RECAP lines."""
-    ansible_dir = repo_root / "deploy" / "ansible"
-    # The virtualenv running pytest is the one holding ansible-core.
-    ansible_playbook = Path(sys.prefix) / "bin" / "ansible-playbook"
-    env = {key: value for key, value in os.environ.items() if key != "SUDO_USER"}
-    env.update({"ANSIBLE_CONFIG": str(ansible_dir / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1", **extra_env})
-    completed = subprocess.run(
-        [str(ansible_playbook), "-i", str(ansible_dir / "inventories" / "local"), str(ansible_dir / "site.yml")],
-        cwd=repo_root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    output = completed.stdout + completed.stderr
-    recap = output[output.rfind("PLAY RECAP") :]
-    hosts = list(RECAP_LINE.finditer(recap))
-    assert completed.returncode == 0, output
-    assert hosts, f"no PLAY RECAP in:\n{output}"
-    for host in hosts:
-        assert host["failed"] == "0" and host["unreachable"] == "0", recap
-    return output, hosts
+def converge(repo_root: Path, **extra_env: str) -> PlaybookRun:
+    """site.yml on the local inventory, as `make cluster` runs it."""
+    return run_playbook(repo_root / "deploy" / "ansible", "local", "site.yml", **extra_env)
 
 
 def test_rerun_changes_nothing(repo_root: Path) -> None:
-    output, hosts = run_playbook(repo_root)
-    for host in hosts:
-        assert host["changed"] == "0", f"a rerun changed something:\n{output}"
+    result = converge(repo_root)
+    assert set(result.changed.values()) == {0}, f"a rerun changed something:\n{result.output}"
 
 
 def test_sudo_user_becomes_the_slurm_operator_gpupool_runs_as(repo_root: Path) -> None:
     # 'nobody' exists on every Debian/Ubuntu machine and never owns a Slurm user otherwise.
     user = "nobody"
     try:
-        _, first = run_playbook(repo_root, SUDO_USER=user)
-        assert [host["changed"] for host in first] == ["1"]
+        first = converge(repo_root, SUDO_USER=user)
+        assert list(first.changed.values()) == [1]
         level = run(["sacctmgr", "--noheader", "--parsable2", "show", "user", user, "format=user,adminlevel"])
         assert level.strip() == f"{user}|Operator"
-        _, again = run_playbook(repo_root, SUDO_USER=user)
-        assert [host["changed"] for host in again] == ["0"]
+        again = converge(repo_root, SUDO_USER=user)
+        assert list(again.changed.values()) == [0]
     finally:
         subprocess.run(["sacctmgr", "--immediate", "delete", "user", user], capture_output=True, timeout=60, check=False)
 
@@ -86,11 +60,16 @@ def test_config_has_gpu_accounting_settings() -> None:
         (key.strip(), value.strip())
         for key, _, value in (line.partition("=") for line in run(["scontrol", "show", "config"]).splitlines())
     )
-    assert "gres/gpu:rtx4090" in config["AccountingStorageTRES"].split(",")
-    assert "gres/gpu" in config["AccountingStorageTRES"].split(",")
+    # slurmctld lists its default TRES first; every GPU type of slurm.conf follows.
+    assert set(config["AccountingStorageTRES"].split(",")) >= {"gres/gpu", "gres/gpu:rtx4090", "gres/gpu:rtx3090"}
     assert set(config["AccountingStorageEnforce"].split(",")) >= {"associations", "limits", "safe"}
     assert config["SelectType"] == "select/cons_tres"
     assert config["ClusterName"] == "gpupool"
+
+
+def test_sinfo_shows_the_node_with_four_gpus_taking_jobs() -> None:
+    line = run(["sinfo", "--noheader", "--Node", "--format=%N %P %t %G"]).strip()
+    assert re.fullmatch(rf"{re.escape(node_name())} gpu\* (idle|mix|alloc) gpu:rtx4090:4", line), line
 
 
 def test_node_has_four_gpus_and_takes_jobs() -> None:
@@ -105,3 +84,24 @@ def test_node_has_four_gpus_and_takes_jobs() -> None:
 def test_cluster_is_registered_with_slurmdbd() -> None:
     clusters = run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"]).split()
     assert "gpupool" in clusters
+
+
+def test_munge_credentials_round_trip() -> None:
+    credential = run(["munge", "--no-input"])
+    decoded = run(["unmunge"], input=credential)
+    assert re.search(r"^STATUS:\s+Success \(0\)$", decoded, re.MULTILINE), decoded
+
+
+@pytest.mark.parametrize(
+    ("path", "owner", "mode"),
+    [
+        # munged refuses a key others can read; the Slurm database password is in slurmdbd.conf.
+        ("/etc/munge/munge.key", "munge", 0o400),
+        ("/etc/slurm/slurmdbd.conf", "slurm", 0o600),
+        ("/etc/slurm/.slurmdbd-db-password", "root", 0o600),
+    ],
+)
+def test_secrets_are_private(path: str, owner: str, mode: int) -> None:
+    info = Path(path).stat()
+    assert pwd.getpwuid(info.st_uid).pw_name == owner
+    assert stat.S_IMODE(info.st_mode) == mode, oct(stat.S_IMODE(info.st_mode))
