@@ -19,6 +19,15 @@ export GPUPOOL_JOB_ROOT=${GPUPOOL_JOB_ROOT:-$PWD/var/jobs}
 "$venv/bin/gpupool" db upgrade
 "$venv/bin/gpupool" account create demo --gpu-limit 4
 token=$("$venv/bin/gpupool" token create --user demo-user --account demo --ttl 86400)
+if [ -z "$("$venv/bin/gpupool" price list)" ]; then
+  "$venv/bin/gpupool" price set '*' 0.00012 --from 2020-01-01   # every GPU type, per GPU-second
+fi
+# What cron or the systemd timer does in production, every minute here; it ends
+# with this script's process, which becomes gunicorn below.
+(while kill -0 $$ 2>/dev/null; do
+   sleep 60
+   "$venv/bin/gpupool" billing run >> var/billing.log 2>&1 || true
+ done) &
 
 cat <<MSG
 
@@ -35,6 +44,10 @@ Submit a job:
 Then follow it (use the job_id from the answer):
   curl -s http://127.0.0.1:$port/jobs/JOB_ID -H "Authorization: Bearer \$TOKEN"
   curl -s http://127.0.0.1:$port/jobs/JOB_ID/logs -H "Authorization: Bearer \$TOKEN"
+
+Billing runs every minute (var/billing.log); then see the month's usage and invoice:
+  curl -s http://127.0.0.1:$port/usage -H "Authorization: Bearer \$TOKEN"
+  curl -s http://127.0.0.1:$port/invoices/$(date -u +%Y-%m) -H "Authorization: Bearer \$TOKEN"
 
 MSG
 # One worker: memory:// rate-limit storage is per process (use redis:// for more).

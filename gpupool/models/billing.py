@@ -71,8 +71,9 @@ class LedgerEntry(Base):
     __table_args__ = (
         # A run is (cluster, job id, start): requeues restart with a new start,
         # and a wrapped-around job id never shares one with its predecessor.
+        # Job id first: each pass looks up what is billed by a range of job ids.
         UniqueConstraint(
-            "cluster", "job_id_raw", "run_start", "gpu_type", "interval_from", "correction", name="uq_ledger_run_interval"
+            "job_id_raw", "cluster", "run_start", "gpu_type", "interval_from", "correction", name="uq_ledger_run_interval"
         ),
         # Invoices group and order by exactly these columns: an index scan with no sort.
         Index(

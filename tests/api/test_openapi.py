@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -10,7 +12,7 @@ def test_document_covers_every_route_and_uses_the_validating_schemas(app: Flask,
     doc = client.get("/openapi.json").get_json()
     assert doc["openapi"].startswith("3.")
     routes = {
-        (rule.rule.replace("<job_id>", "{job_id}"), method.lower())
+        (re.sub(r"<(\w+)>", r"{\1}", rule.rule), method.lower())
         for rule in app.url_map.iter_rules()
         if rule.endpoint != "static"
         for method in rule.methods - {"HEAD", "OPTIONS"}

@@ -33,9 +33,9 @@ class LedgerDb:
     sessions: sessionmaker
     settings: Settings
 
-    def cli(self, *args: str, timeout_s: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
-        """The operator's ``gpupool`` command against this database, as cron would run it."""
-        environment = {
+    def environment(self, **env: str) -> dict[str, str]:
+        """What cron gives the ``gpupool`` command: little but this database's settings."""
+        return {
             "PATH": "/usr/bin:/bin",
             "TZ": "UTC",
             "GPUPOOL_DATABASE_URL": self.url,
@@ -44,7 +44,15 @@ class LedgerDb:
             "GPUPOOL_BILLING_ARCHIVE_DIR": self.settings.billing_archive_dir,
             **env,
         }
-        return subprocess.run([GPUPOOL, *args], env=environment, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([GPUPOOL, *args], env=self.environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def cli(self, *args: str, timeout_s: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+        """The operator's ``gpupool`` command against this database, as cron would run it."""
+        return subprocess.run(
+            [GPUPOOL, *args], env=self.environment(**env), capture_output=True, text=True, timeout=timeout_s, check=False
+        )
 
     def ledger(self, account: str | None = None) -> list[tuple]:
         """Every ledger row but its id and pass, in a fixed order."""

@@ -7,7 +7,6 @@ import datetime as dt
 import io
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from sqlalchemy import func, select, text
 from bench.synthetic_sacct import sacct_dump, synthetic_jobs
 from billing.sacct import SACCT_FIELDS
 from gpupool.models import Adjustment, BillingPass
-from tests.billing.conftest import GPUPOOL, RTX3090_NANOS, RTX4090_NANOS, LedgerDb
+from tests.billing.conftest import RTX3090_NANOS, RTX4090_NANOS, LedgerDb
 from tests.conftest import wait_for
 
 HEADER = "|".join(SACCT_FIELDS)
@@ -132,13 +131,8 @@ def test_kill_9_mid_pass_leaves_nothing_and_the_rerun_matches_an_uninterrupted_p
 ) -> None:
     path = tmp_path / "big.psv"
     path.write_text(sacct_dump(list(synthetic_jobs(150_000, seed=11))))
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "GPUPOOL_DATABASE_URL": pg_ledger.url,
-        "GPUPOOL_BILLING_ARCHIVE_DIR": pg_ledger.settings.billing_archive_dir,
-    }
     before = pg_ledger.ledger()
-    victim = subprocess.Popen([GPUPOOL, "billing", "replay", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    victim = pg_ledger.start("billing", "replay", str(path))
 
     def in_transaction() -> bool:
         with pg_ledger.engine.connect() as connection:
@@ -170,15 +164,7 @@ def test_kill_9_mid_pass_leaves_nothing_and_the_rerun_matches_an_uninterrupted_p
 def test_two_passes_at_once_bill_once(ledger_db: LedgerDb, tmp_path: Path) -> None:
     path = tmp_path / "jobs.psv"
     path.write_text(sacct_dump(list(synthetic_jobs(5_000, seed=3))))
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "GPUPOOL_DATABASE_URL": ledger_db.url,
-        "GPUPOOL_BILLING_ARCHIVE_DIR": ledger_db.settings.billing_archive_dir,
-    }
-    passes = [
-        subprocess.Popen([GPUPOOL, "billing", "replay", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
+    passes = [ledger_db.start("billing", "replay", str(path)) for _ in range(2)]
     outputs = [p.communicate(timeout=120) for p in passes]
     assert [p.returncode for p in passes] == [0, 0], outputs
     written = sorted(int(out.split(" ledger rows")[0].rsplit(" ", 1)[1]) for out, _ in outputs)

@@ -18,7 +18,6 @@ an option to sbatch fails here.
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import uuid
 from collections.abc import Sequence
@@ -29,9 +28,9 @@ import pytest
 from gpupool.errors import ValidationFailed
 from gpupool.render import JobSpec, RenderedJob, gres, log_path, render, sbatch_options
 from gpupool.templates import Template
+from tests import golden
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
-UPDATE_GOLDEN = os.environ.get("GPUPOOL_UPDATE_GOLDEN") == "1"
 
 IMAGE = "nvcr.io#nvidia/pytorch:24.01-py3"
 OPERATOR_MOUNT = "/data:/data:ro"
@@ -178,16 +177,7 @@ def lines_after_first_command(script: str) -> list[str]:
 
 
 def check_golden(name: str, actual: str) -> None:
-    path = GOLDEN_DIR / name
-    expected = path.read_text() if path.exists() else None
-    if actual == expected:
-        return
-    if UPDATE_GOLDEN:
-        GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(actual)
-        pytest.fail(f"golden {path} rewritten; review the diff, then rerun without GPUPOOL_UPDATE_GOLDEN")
-    assert expected is not None, f"golden {path} is missing; create it with GPUPOOL_UPDATE_GOLDEN=1"
-    assert actual == expected, f"{name} differs from its golden file (GPUPOOL_UPDATE_GOLDEN=1 regenerates it)"
+    golden.check_golden(GOLDEN_DIR, name, actual)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -21,7 +21,6 @@ Goldens live in tests/unit/golden_top/; ``GPUPOOL_UPDATE_GOLDEN=1`` rewrites the
 from __future__ import annotations
 
 import datetime as dt
-import os
 from pathlib import Path
 
 import pytest
@@ -31,11 +30,11 @@ from gpupool.slurm_detail import NodeGpus, RunningJob, gpu_indices, parse_index_
 from gpupool.slurm_parse import ParseError
 from gpupool_cli.main import build_parser
 from gpupool_cli.top import render_top
+from tests import golden
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
 GOLDEN_DIR = HERE / "golden_top"  # not golden/: test_render owns every file there
-UPDATE_GOLDEN = os.environ.get("GPUPOOL_UPDATE_GOLDEN") == "1"
 NOW = dt.datetime(2026, 11, 29, 19, 17, 46, tzinfo=dt.UTC)
 
 RECORDED = (FIXTURES / "scontrol_show_job_details.txt").read_text()
@@ -50,15 +49,7 @@ MULTI_NODE = RECORDED.splitlines()[0].replace(
 
 
 def check_golden(name: str, actual: str) -> None:
-    path = GOLDEN_DIR / name
-    expected = path.read_text() if path.exists() else None
-    if actual == expected:
-        return
-    if UPDATE_GOLDEN:
-        path.write_text(actual)
-        pytest.fail(f"golden {path} rewritten; review the diff, then rerun without GPUPOOL_UPDATE_GOLDEN")
-    assert expected is not None, f"golden {path} is missing; create it with GPUPOOL_UPDATE_GOLDEN=1"
-    assert actual == expected, f"{name} differs from its golden file (GPUPOOL_UPDATE_GOLDEN=1 regenerates it)"
+    golden.check_golden(GOLDEN_DIR, name, actual)
 
 
 # --- scontrol show job --details --oneliner ---------------------------------------------

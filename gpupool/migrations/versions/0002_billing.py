@@ -79,7 +79,7 @@ def upgrade() -> None:
         sa.Column("correction", sa.Boolean, nullable=False),
         sa.Column("final", sa.Boolean, nullable=False),
         sa.UniqueConstraint(
-            "cluster", "job_id_raw", "run_start", "gpu_type", "interval_from", "correction", name="uq_ledger_run_interval"
+            "job_id_raw", "cluster", "run_start", "gpu_type", "interval_from", "correction", name="uq_ledger_run_interval"
         ),
     )
     op.create_index(
