@@ -67,7 +67,7 @@ def balance(session: Session, account: str, now: dt.datetime) -> Balance:
     return Balance(
         prepaid_credit_nanos=row.prepaid_credit_nanos,
         monthly_limit_nanos=row.monthly_limit_nanos,
-        spent_total_nanos=spend_nanos(session, account) if row.prepaid_credit_nanos is not None else 0,
+        spent_total_nanos=spend_nanos(session, account),
         spent_period_nanos=spend_nanos(session, account, period_of(now)),
     )
 

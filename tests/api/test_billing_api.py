@@ -97,6 +97,8 @@ def test_usage_by_type_and_by_day_agrees_with_the_invoice(
     ]
     assert (body["charges"], body["adjustments"], body["total"]) == ("1.73", "0.00", "1.73")
     assert body["balance"]["monthly_limit"] == "50.00"
+    assert body["balance"]["spent_total"] == body["balance"]["spent_this_month"] == "1.73292"
+    assert body["balance"]["remaining"] == "48.26708"
 
 
 def test_submit_is_402_when_the_budget_is_spent_or_the_worst_case_does_not_fit(
