@@ -54,8 +54,3 @@ def format_nanos(nanos: int) -> str:
     whole, part = divmod(abs(nanos), NANOS)
     decimals = f"{part:09d}".rstrip("0")
     return f"{sign}{whole}.{decimals.ljust(2, '0')}"
-
-
-def line_amount(nanos: int) -> str:
-    """An invoice line's amount: ``nanos`` rounded by the rule above, as text."""
-    return format_cents(round_to_cents(nanos))

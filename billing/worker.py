@@ -207,8 +207,6 @@ class _ChunkReader:
                 self.error = exc
         return ""
 
-    readline = read
-
     def reraise(self) -> None:
         if self.error is not None:
             raise self.error

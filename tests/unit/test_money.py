@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from billing.money import MoneyError, format_nanos, line_amount, parse_nanos, round_to_cents
+from billing.money import MoneyError, format_cents, format_nanos, parse_nanos, round_to_cents
 
 
 @pytest.mark.parametrize(
@@ -47,5 +47,6 @@ def test_formatting() -> None:
     assert format_nanos(120_000) == "0.00012"
     assert format_nanos(-12_500_000_000) == "-12.50"
     assert format_nanos(0) == "0.00"
-    assert line_amount(-1_005_000_000) == "-1.01"
-    assert line_amount(999) == "0.00"
+    assert format_cents(round_to_cents(-1_005_000_000)) == "-1.01"
+    assert format_cents(round_to_cents(999)) == "0.00"
+    assert format_cents(-5) == "-0.05"
