@@ -78,19 +78,21 @@ def remaining_nanos(session: Session, account: str, now: dt.datetime) -> int | N
 
 def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.datetime) -> int:
     """Worst case still to come from the account's unfinished API jobs, net of what is billed."""
-    committed = 0
-    jobs = session.execute(
-        select(Job.id, Job.gpus, Job.gpu_type, Job.time_limit_min).where(Job.account == account, Job.finished.is_(False))
+    # One statement; the correlated sum reads each job's rows through ix_ledger_gpupool_job.
+    billed = (
+        select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0))
+        .where(LedgerEntry.gpupool_job_id == Job.id)
+        .scalar_subquery()
     )
-    for job_id, gpus, gpu_type, time_limit_min in jobs:
-        if gpus <= 0:
-            continue
-        worst = gpus * time_limit_min * 60 * prices.highest(gpu_type, now)
-        billed = session.scalar(
-            select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(LedgerEntry.gpupool_job_id == job_id)
+    jobs = session.execute(
+        select(Job.gpus, Job.gpu_type, Job.time_limit_min, billed).where(
+            Job.account == account, Job.finished.is_(False), Job.gpus > 0
         )
-        committed += max(0, worst - int(billed or 0))
-    return committed
+    )
+    return sum(
+        max(0, gpus * time_limit_min * 60 * prices.highest(gpu_type, now) - int(nanos))
+        for gpus, gpu_type, time_limit_min, nanos in jobs
+    )
 
 
 def check_submit(

@@ -133,6 +133,35 @@ COPY_LEDGER_SQL = (
 )
 
 
+def _ledger_values(
+    pass_id: int, row: LedgerRow, job_id_of: JobIdLookup, run_start: object, interval_from: object, interval_to: object
+) -> tuple:
+    """One ledger row in ``LEDGER_COLUMNS`` order; the caller gives the times as it writes them."""
+    run = row.run
+    return (
+        pass_id,
+        run.account,
+        run.cluster,
+        run.job_id,
+        run.job_id_raw,
+        run_start,
+        job_id_of(run),
+        run.name,
+        run.state,
+        row.gpu_type,
+        row.gpus,
+        row.period,
+        interval_from,
+        interval_to,
+        row.seconds,
+        row.gpu_seconds,
+        row.unit_price_nanos,
+        row.amount_nanos,
+        row.correction,
+        row.final,
+    )
+
+
 def ledger_csv_lines(
     pass_id: int, rows: Iterable[LedgerRow], job_id_of: JobIdLookup, written: list[LedgerRow] | None = None
 ) -> Iterator[str]:
@@ -151,27 +180,13 @@ def ledger_csv_lines(
         # sacct's own text where it fits: isoformat costs more than the rest of the row.
         start_text = run.start_text + "+00:00" if run.start_text else run.start.isoformat()
         batch.append(
-            (
+            _ledger_values(
                 pass_id,
-                run.account,
-                run.cluster,
-                run.job_id,
-                run.job_id_raw,
+                row,
+                job_id_of,
                 start_text,
-                job_id_of(run),
-                run.name,
-                run.state,
-                row.gpu_type,
-                row.gpus,
-                row.period,
                 start_text if row.interval_from == run.start else row.interval_from.isoformat(),
                 run.end_text + "+00:00" if run.end_text and row.interval_to == run.end else row.interval_to.isoformat(),
-                row.seconds,
-                row.gpu_seconds,
-                row.unit_price_nanos,
-                row.amount_nanos,
-                "t" if row.correction else "f",
-                "t" if row.final else "f",
             )
         )
         if len(batch) == _COPY_BATCH:
@@ -233,28 +248,7 @@ def _insert_rows(session: Session, pass_id: int, rows: Iterable[LedgerRow], job_
     session.execute(
         insert(LedgerEntry),
         [
-            {
-                "pass_id": pass_id,
-                "account": row.run.account,
-                "cluster": row.run.cluster,
-                "slurm_job_id": row.run.job_id,
-                "job_id_raw": row.run.job_id_raw,
-                "run_start": row.run.start,
-                "gpupool_job_id": job_id_of(row.run),
-                "job_name": row.run.name,
-                "state": row.run.state,
-                "gpu_type": row.gpu_type,
-                "gpus": row.gpus,
-                "period": row.period,
-                "interval_from": row.interval_from,
-                "interval_to": row.interval_to,
-                "seconds": row.seconds,
-                "gpu_seconds": row.gpu_seconds,
-                "unit_price_nanos": row.unit_price_nanos,
-                "amount_nanos": row.amount_nanos,
-                "correction": row.correction,
-                "final": row.final,
-            }
+            dict(zip(LEDGER_COLUMNS, _ledger_values(pass_id, row, job_id_of, row.run.start, row.interval_from, row.interval_to), strict=True))
             for row in written
         ],
     )

@@ -18,34 +18,28 @@ from pathlib import Path
 import pytest
 
 from api import create_app
+from gpupool.errors import CommandFailed
 from gpupool.slurm import SlurmClient
 from gpupool.slurm_parse import gpus_by_type, parse_delimited, parse_time
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
-from tests.conftest import bearer, throwaway_slurm_account, wait_for
+from tests.conftest import bearer, slurm_cmd, throwaway_slurm_account, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 DAEMON = Path("/usr/local/sbin/gpupool-daemon")
 
 
-def slurm(*argv: str, check: bool = True) -> str:
-    completed = subprocess.run(list(argv), capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "TZ": "UTC"}, check=False)
-    if check:
-        assert completed.returncode == 0, f"{argv}: {completed.stderr}"
-    return completed.stdout
-
-
 def sbatch(account: str, *options: str, wrap: str = "sleep 2") -> int:
-    out = slurm("sbatch", "--parsable", f"--account={account}", "--partition=gpu", "--time=5", "--output=/dev/null", *options, f"--wrap={wrap}")
+    out = slurm_cmd("sbatch", "--parsable", f"--account={account}", "--partition=gpu", "--time=5", "--output=/dev/null", *options, f"--wrap={wrap}")
     return int(out.strip().split(";")[0])
 
 
 def state_of(job_id: int) -> str:
-    return slurm("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).strip()
+    return slurm_cmd("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).strip()
 
 
 def sacct_runs(*job_ids: int) -> list[dict[str, str]]:
     """Every run (-D) of these jobs, array tasks included, as sacct reports them."""
-    text = slurm(
+    text = slurm_cmd(
         "sacct", "-X", "-D", "-P", "-j", ",".join(map(str, job_ids)),
         "-o", "JobIDRaw,JobID,State,Start,End,ElapsedRaw,AllocTRES,JobName",
     )
@@ -56,7 +50,7 @@ def wait_finished(*job_ids: int) -> list[dict[str, str]]:
     def done() -> list[dict[str, str]] | None:
         try:
             runs = sacct_runs(*job_ids)
-        except AssertionError:  # slurmdbd still starting
+        except CommandFailed:  # slurmdbd still starting
             return None
         unfinished = {"PENDING", "RUNNING", "REQUEUED", "COMPLETING", "SUSPENDED"}
         busy = any(state_of(job) for job in job_ids)
@@ -117,15 +111,15 @@ def finished_jobs(account: str) -> dict[str, int]:
             wrap='if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 2; else sleep 300; fi',
         ),
     }
-    slurm("scancel", str(jobs["pending"]))
+    slurm_cmd("scancel", str(jobs["pending"]))
     wait_running_for(jobs["running"], 3)
-    slurm("scancel", str(jobs["running"]))
+    slurm_cmd("scancel", str(jobs["running"]))
     wait_running_for(jobs["requeue"], 3)
-    slurm("scontrol", "requeue", str(jobs["requeue"]))
+    slurm_cmd("scontrol", "requeue", str(jobs["requeue"]))
     # A requeued job waits out a begin delay of minutes; shorten it, but not to nothing:
     # slurmd refuses ("already killed") a relaunch that comes before the kill is done.
     wait_for(lambda: state_of(jobs["requeue"]) == "PENDING", timeout_s=60, what="the requeued job to pend")
-    slurm("scontrol", "update", f"jobid={jobs['requeue']}", "starttime=now+3")
+    slurm_cmd("scontrol", "update", f"jobid={jobs['requeue']}", "starttime=now+3")
     wait_finished(*jobs.values())
     return jobs
 
