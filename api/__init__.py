@@ -8,8 +8,11 @@ from typing import Any
 
 from flask import Flask
 from flask_limiter import Limiter
+from limits import parse as parse_limit
 from sqlalchemy.orm import sessionmaker
+from werkzeug.middleware.proxy_fix import ProxyFix
 
+from api.admin import admin_bp
 from api.auth import authenticate, rate_limit_key
 from api.billing import billing_bp
 from api.context import AppState, TimedCache, close_db_session
@@ -17,8 +20,12 @@ from api.errors import register_error_handlers
 from api.jobs import jobs_bp, submit_bp
 from api.meta import meta_bp, templates_bp
 from api.metrics import metrics_bp, register_metrics
+from api.web import register_pages
+from api.webhooks import webhooks_bp
 from gpupool.config import Settings, load_settings
 from gpupool.db import ensure_migrated, make_engine, make_session_factory
+from gpupool.errors import ConfigError
+from gpupool.expiring_cache import ExpiringCache
 from gpupool.jobstate import JobStateRefresher
 from gpupool.slurm import SlurmClient
 from gpupool.templates import load_templates
@@ -45,6 +52,9 @@ def create_app(
         session_factory = make_session_factory(engine)
 
     app = Flask("gpupool")
+    if settings.proxy_hops > 0:
+        # Per-address rate limits need the client's address, not nginx's 127.0.0.1.
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=settings.proxy_hops, x_proto=settings.proxy_hops)  # type: ignore[method-assign]
     app.config.update(
         MAX_CONTENT_LENGTH=settings.max_request_bytes,
         JSON_SORT_KEYS=False,
@@ -61,11 +71,14 @@ def create_app(
             interval_s=settings.refresh_interval_s,
             # Long past any sbatch a hung slurmctld could still be working through.
             submission_grace_s=settings.slurm_submit_timeout_s * 4 + 30,
+            unknown_after_s=settings.unknown_after_s,
         ),
         inventory=TimedCache(slurm.gpu_inventory, settings.cluster_shape_ttl_s, keep_stale=True),
         # Load balancers probe /readyz often; Slurm hears from each worker at most every 2 s.
         slurm_ping=TimedCache(slurm.ping, 2.0, error_ttl_s=2.0),
         verification_key=verification_key(settings),
+        verified_tokens=ExpiringCache(settings.token_check_cache_s),
+        token_standings=ExpiringCache(settings.token_check_cache_s),
     )
     register_error_handlers(app)
     register_metrics(app, settings)  # first request hook: refused requests are timed too
@@ -91,7 +104,13 @@ def create_app(
     limiter.exempt(meta_bp)
     limiter.exempt(metrics_bp)  # monitoring must not depend on the rate-limit store
     app.extensions["gpupool_limiter"] = limiter
+    # Requests refused with 401 are counted by api.auth, per client address.
+    try:
+        app.extensions["gpupool_unauthenticated_limit"] = parse_limit(settings.ratelimit_unauthenticated)
+    except ValueError as exc:
+        raise ConfigError(f"ratelimit_unauthenticated: {exc}") from exc
 
-    for blueprint in (meta_bp, templates_bp, submit_bp, jobs_bp, billing_bp, metrics_bp):
+    for blueprint in (meta_bp, templates_bp, submit_bp, jobs_bp, billing_bp, metrics_bp, webhooks_bp, admin_bp):
         app.register_blueprint(blueprint)
+    register_pages(app, settings, limiter)
     return app

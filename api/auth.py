@@ -1,27 +1,101 @@
-"""Bearer-token authentication, run before the rate limiter so limits key on the token's subject."""
+"""Bearer-token authentication, run before the rate limiter so limits key on the token's account and subject."""
 
 from __future__ import annotations
 
-from flask import g, request
+import time
 
-from api.context import state
+from flask import current_app, g, request, session
+from flask_limiter import Limiter, RequestLimit
+from limits import RateLimitItem
+from werkzeug.exceptions import TooManyRequests
+
+from api.context import app_state, db_session
 from gpupool.errors import Unauthorized
-from gpupool.tokens import verify_token
+from gpupool.tokens import Principal, TokenStanding, read_standing, require_good_standing, verify_token
 
 # /metrics is guarded by the caller's address instead (api.metrics).
-PUBLIC_ENDPOINTS = frozenset({"meta.healthz", "meta.readyz", "meta.openapi", "metrics.metrics"})
+# "/" redirects to the pages; their stylesheet and scripts hold nothing private.
+PUBLIC_ENDPOINTS = frozenset(
+    {"meta.healthz", "meta.readyz", "meta.openapi", "metrics.metrics", "web_root", "web.static"}
+)
+# The web pages (api.web) carry the token in their session cookie, never in a header.
+PAGE_BLUEPRINTS = frozenset({"web", "web_data"})
+PAGE_TOKEN_KEY = "token"
 
 
 def authenticate() -> None:
     if request.endpoint in PUBLIC_ENDPOINTS or request.endpoint is None:
         return
+    if request.blueprint in PAGE_BLUEPRINTS:
+        # Pages decide themselves what a visitor without a session sees (the sign-in page).
+        g.principal = _page_principal()
+        return
+    try:
+        _authenticate()
+    except Unauthorized:
+        # The limiter's own check runs after this hook and never sees a refused
+        # request: count those here, per address, so guessing tokens is throttled too.
+        count_unauthenticated()
+        raise
+
+
+def _page_principal() -> Principal | None:
+    """The caller behind the session cookie's token, checked as a bearer token is; None to sign in again."""
+    token = session.get(PAGE_TOKEN_KEY)
+    if not isinstance(token, str):
+        return None
+    try:
+        return principal_for_token(token)
+    except Unauthorized:
+        # Expired, revoked or its account disabled: the cookie is worth nothing any more.
+        session.clear()
+        return None
+
+
+def count_unauthenticated() -> None:
+    limiter: Limiter = current_app.extensions["gpupool_limiter"]
+    limit: RateLimitItem = current_app.extensions["gpupool_unauthenticated_limit"]
+    args = ["gpupool", "unauthenticated", f"addr:{request.remote_addr}"]
+    if not limiter.limiter.hit(limit, *args):
+        # api.errors reads Retry-After off the request's current limit.
+        limiter.context.view_rate_limit = RequestLimit(limiter, limit, args, True, False)
+        raise TooManyRequests(str(limit))
+
+
+def _authenticate() -> None:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("send a token as `Authorization: Bearer <token>`")
-    g.principal = verify_token(state().settings, token.strip(), key=state().verification_key)
+    g.principal = principal_for_token(token.strip())
+
+
+def principal_for_token(token: str) -> Principal:
+    """The caller behind ``token``: signature, claims and standing, or Unauthorized saying why not."""
+    # A token's signature and claims cannot change: one verification is reused for
+    # token_check_cache_s (only tokens that verified are kept), but never past its expiry.
+    caller = app_state().verified_tokens.get(token, _verify)
+    if caller.expires_at is not None and caller.expires_at <= time.time():
+        caller = _verify(token)  # raises token_expired
+    # Cached per worker for token_check_cache_s: a revocation or a disabled account
+    # takes effect within that many seconds, at one query per token per interval.
+    standing = app_state().token_standings.get(caller.jti, _standing_from_database)
+    require_good_standing(caller, standing)
+    return caller
+
+
+def _verify(token: str) -> Principal:
+    return verify_token(app_state().settings, token, key=app_state().verification_key)
+
+
+def _standing_from_database(jti: str) -> TokenStanding | None:
+    return read_standing(db_session(), jti)
 
 
 def rate_limit_key() -> str:
     caller = g.get("principal")
-    return f"sub:{caller.sub}" if caller is not None else f"addr:{request.remote_addr}"
+    if caller is None:
+        return f"addr:{request.remote_addr}"
+    # Subjects are names a token issuer chose, not unique across accounts; account
+    # names hold no ':', so this key is unambiguous.
+    return f"acct:{caller.account}:sub:{caller.sub}"

@@ -13,10 +13,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.config import Settings
 from gpupool.errors import SlurmUnavailable
+from gpupool.expiring_cache import ExpiringCache
 from gpupool.jobstate import JobStateRefresher
 from gpupool.slurm import GpuInventory, SlurmClient
 from gpupool.templates import Template
-from gpupool.tokens import Principal
+from gpupool.tokens import Principal, TokenStanding
 
 T = TypeVar("T")
 
@@ -64,16 +65,18 @@ class AppState:
     inventory: TimedCache[GpuInventory]
     slurm_ping: TimedCache[bool]
     verification_key: str
+    verified_tokens: ExpiringCache[str, Principal]
+    token_standings: ExpiringCache[str, TokenStanding | None]
 
 
-def state() -> AppState:
+def app_state() -> AppState:
     return current_app.extensions["gpupool"]
 
 
 def db_session() -> Session:
     """The request's one session, opened on first use and closed at teardown."""
     if "db_session" not in g:
-        g.db_session = state().session_factory()
+        g.db_session = app_state().session_factory()
     return g.db_session
 
 

@@ -33,6 +33,8 @@ STATUS_BY_ERROR: tuple[tuple[type[e.GpupoolError], int], ...] = (
     (e.MigrationRequired, 503),
     # Usage cannot be priced, so the service cannot sell it: an operator must act.
     (e.PriceMissing, 503),
+    # The account's Unix identity is missing on this host: an operator must act.
+    (e.TenantError, 503),
 )
 _HTTP_CODES = {
     400: "bad_request",

@@ -6,19 +6,19 @@ import base64
 import binascii
 import datetime as dt
 import logging
-import os
 import re
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, url_for
 from pydantic import ValidationError
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
-from api.context import db_session, principal, state
+from api.context import app_state, db_session, principal
 from api.metrics import JOBS_SUBMITTED
 from api.schemas import IDEMPOTENCY_KEY_PATTERN, JOB_STATES, JobOut, SubmitRequest
 from api.submission import submit
+from gpupool import joblogs
 from gpupool.db import utcnow
 from gpupool.errors import (
     BadRequest,
@@ -29,10 +29,12 @@ from gpupool.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
-from gpupool.models import Job
+from gpupool.jobstate import NOT_REPORTED, SUBMISSION_LOST
+from gpupool.models import Account, Job
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import log_path
 from gpupool.templates import validation_error_list
+from gpupool.webhooks import job_callback_secret
 
 log = logging.getLogger("gpupool.jobs")
 submit_bp = Blueprint("submit", __name__)
@@ -41,7 +43,8 @@ jobs_bp = Blueprint("jobs", __name__)
 LIST_STATES = frozenset(JOB_STATES)
 MAX_PAGE = 200
 MAX_LOG_LINES = 10_000
-_LOG_CHUNK = 64 * 1024
+# The largest integer every JSON client holds exactly; far past any log, and pread never overflows.
+MAX_LOG_OFFSET = 2**53 - 1
 
 
 def job_view(job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
@@ -60,7 +63,7 @@ def job_view(job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
         template=job.template,
         params=job.params,
         state=state_word,
-        reason=reason if state_word == "PENDING" or reason == "SubmissionLost" else None,
+        reason=reason if state_word == "PENDING" or reason in (SUBMISSION_LOST, NOT_REPORTED) else None,
         slurm_job_id=job.slurm_job_id,
         gpus=job.gpus,
         gpu_type=job.gpu_type,
@@ -111,13 +114,16 @@ def submit_job() -> tuple[Response, int, dict[str, str]]:
         raise ValidationFailed(
             "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
         ) from exc
-    job, replayed = submit(state(), db_session(), principal(), req, body, _idempotency_key())
+    job, replayed = submit(app_state(), db_session(), principal(), req, body, _idempotency_key())
     headers = {"Location": url_for("jobs.get_job", job_id=job.id)}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
     else:
         JOBS_SUBMITTED.labels(template=job.template).inc()
-    return jsonify(job_view(job)), 201, headers
+    view = job_view(job)
+    if req.callback_url is not None:
+        view["callback_secret"] = job_callback_secret(db_session(), job.id)
+    return jsonify(view), 201, headers
 
 
 def _visible_job(job_id: str) -> Job:
@@ -134,7 +140,7 @@ def _refresh_states(session: Session) -> bool:
     The request's read transaction ends first: no transaction stays open while
     Slurm answers, and the refresher's own commit is then visible to re-reads.
     """
-    refresher = state().refresher
+    refresher = app_state().refresher
     if not refresher.due():
         return False
     session.commit()
@@ -208,7 +214,8 @@ def list_jobs() -> Response:
     cursor = request.args.get("cursor")
     if cursor:
         created, job_id = _decode_cursor(cursor)
-        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
+        # A row comparison, which the indexes on (..., created_at, id) answer as a range.
+        query = query.where(tuple_(Job.created_at, Job.id) < (created, job_id))
     unfinished_exists = session.scalars(query.where(Job.finished.is_(False)).limit(1)).first()
     if unfinished_exists is not None and _refresh_states(session):
         session.expire_all()
@@ -232,42 +239,55 @@ def cancel_job(job_id: str) -> tuple[Response, int]:
         raise Conflict("the job is still being submitted; retry in a few seconds", code="job_submitting")
     log.info("job %s (Slurm %s) cancelled by %s", job.id, job.slurm_job_id, principal().sub)
     try:
-        state().slurm.cancel(job.slurm_job_id)
+        app_state().slurm.cancel(job.slurm_job_id, job.account)
     except CommandFailed as exc:
         if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
             raise
     return jsonify(job_view(job)), 202
 
 
-def _tail_lines(path: str, lines: int) -> bytes:
-    """The last ``lines`` lines of a file, reading backwards in chunks (logs can be huge)."""
-    with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        position = handle.tell()
-        data = b""
-        while position > 0 and data.count(b"\n") <= lines:
-            step = min(_LOG_CHUNK, position)
-            position -= step
-            handle.seek(position)
-            data = handle.read(step) + data
-    parts = data.split(b"\n")
-    trailing_newline = data.endswith(b"\n")
-    if trailing_newline:
-        parts = parts[:-1]
-    tail = b"\n".join(parts[-lines:])
-    return tail + (b"\n" if trailing_newline and tail else b"")
+def _account_uid(job: Job) -> int | None:
+    """The tenant uid that must own the job's logs; None while the account has none recorded."""
+    account = db_session().get(Account, job.account)
+    return getattr(account, "unix_uid", None)
 
 
 @jobs_bp.get("/jobs/<job_id>/logs")
 def job_logs(job_id: str) -> Response:
+    """The tail of a log (``?tail=``), or the bytes from ``?offset=`` for a follower.
+
+    Offset reads answer at once with what is there, never waiting for more, so
+    a follower costs a worker one bounded read per poll.
+    """
     job = _visible_job(job_id)
     stream = request.args.get("stream", "stdout")
     if stream not in ("stdout", "stderr"):
         raise BadRequest("stream must be stdout or stderr")
+    following = "offset" in request.args
+    if following and "tail" in request.args:
+        raise BadRequest("offset and tail cannot be combined: follow with offset, or look back with tail")
+    if "limit" in request.args and not following:
+        raise BadRequest("limit applies to offset reads only")
+    max_bytes = app_state().settings.log_read_max_bytes
+    offset = _int_arg("offset", 0, 0, MAX_LOG_OFFSET)
+    limit = _int_arg("limit", max_bytes, 1, max_bytes)
     lines = _int_arg("tail", 100, 1, MAX_LOG_LINES)
-    path = log_path(job.job_dir, stream)
-    try:
-        content = _tail_lines(path, lines)
-    except FileNotFoundError:
-        content = b""  # the job has not started writing yet
-    return Response(content, status=200, mimetype="text/plain", content_type="text/plain; charset=utf-8")
+    # State first: a job seen finished here has written its last byte, so an offset
+    # that reaches the size read below is truly the end.
+    _refresh_if_unfinished(job)
+    account_uid = _account_uid(job)
+    headers = {"Gpupool-Job-State": job_view(job)["state"]}
+    handle = joblogs.open_log(log_path(job.job_dir, stream), owner_uid=account_uid)
+    # No file yet: the job has not started writing, which reads as an empty log.
+    content, next_offset, size = b"", offset, 0
+    if handle is not None:
+        with handle:
+            if following:
+                content, next_offset = joblogs.read_from(handle, offset, limit)
+                size = joblogs.log_size(handle)
+            else:
+                content = joblogs.read_tail(handle, lines, max_bytes)
+    if following:
+        headers["Gpupool-Next-Offset"] = str(next_offset)
+        headers["Gpupool-Log-Complete"] = "true" if job.finished and next_offset == size else "false"
+    return Response(content, status=200, headers=headers, content_type="text/plain; charset=utf-8")

@@ -6,32 +6,37 @@ import fnmatch
 import hashlib
 import json
 import logging
-import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import and_, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.context import AppState
 from api.schemas import SubmitRequest
 from billing.budgets import check_submit
+from gpupool.config import Settings
+from gpupool.containers import docker_runtime_refusal
 from gpupool.db import utcnow
 from gpupool.errors import (
     CommandTimedOut,
     Conflict,
     Forbidden,
+    GpupoolError,
     SlurmRejected,
     SlurmUnavailable,
+    SubmissionUncertain,
+    Unauthorized,
     ValidationFailed,
 )
 from gpupool.models import Account, Job
 from gpupool.models.jobs import SUBMITTING
-from gpupool.render import JobSpec, render
+from gpupool.render import JobSpec, RenderedJob, render
+from gpupool.slurm import GpuInventory
 from gpupool.tokens import Principal
+from gpupool.webhooks import add_job_callback
 
 log = logging.getLogger("gpupool.submit")
 
@@ -51,6 +56,13 @@ def _check_resources(app: AppState, req: SubmitRequest, gpus: int, template_max:
     if req.container_image is not None:
         if settings.container_runtime == "none":
             raise ValidationFailed("this cluster runs jobs without containers; omit container_image")
+        if settings.container_runtime == "docker":
+            # docker is safe for one tenant only; counted here, on the containers-only path.
+            with app.session_factory() as session:
+                accounts = session.scalar(select(func.count()).select_from(Account)) or 0
+            refusal = docker_runtime_refusal(settings, accounts)
+            if refusal is not None:
+                raise ValidationFailed(refusal, code="container_runtime_unsafe")
         if not any(fnmatch.fnmatchcase(req.container_image, pattern) for pattern in settings.container_allowlist):
             raise ValidationFailed(
                 f"container image {req.container_image!r} is not on the operator's allowlist",
@@ -70,12 +82,47 @@ def _check_resources(app: AppState, req: SubmitRequest, gpus: int, template_max:
             f"asked for {gpus} GPU(s) but the largest node has {per_node}"
             + (f" of type {req.gpu_type}" if req.gpu_type else "")
         )
+    _check_share(settings, inventory, req, gpus)
 
 
-def _existing(session: Session, account: str, owner: str, key: str) -> Job | None:
+def _check_share(settings: Settings, inventory: GpuInventory, req: SubmitRequest, gpus: int) -> None:
+    """Refuse CPUs or memory beyond the job's GPUs' share, which would leave a node's other GPUs unusable."""
+    share = inventory.share_by_type.get(req.gpu_type) if req.gpu_type else inventory.share
+    cpus_per_gpu = settings.max_cpus_per_gpu or (share.cpus if share else None)
+    # Slurm's MB are MiB, and --mem=<n>G means n x 1024 of them.
+    mem_gb_per_gpu = settings.max_mem_gb_per_gpu or (share.mem_mb // 1024 if share else None)
+    caps = (
+        ("cpus", req.cpus, cpus_per_gpu, settings.default_cpus, "CPU(s)"),
+        ("mem_gb", req.mem_gb, mem_gb_per_gpu, settings.default_mem_gb, "GB"),
+    )
+    for field_name, asked, per_gpu, default, unit in caps:
+        if asked is None or per_gpu is None:
+            continue
+        # A job without GPUs still occupies a node: it gets one GPU's share. What
+        # leaving the field out gives is never refused when asked for by name.
+        allowed = max(max(gpus, 1) * per_gpu, default)
+        if asked > allowed:
+            raise ValidationFailed(
+                f"{field_name} may be at most {allowed} for {gpus} GPU(s): this cluster allows "
+                f"{per_gpu} {unit} per GPU, so that no job leaves another GPU of its node idle"
+            )
+
+
+def _job_with_key(session: Session, account: str, owner: str, key: str) -> Job | None:
     return session.scalars(
         select(Job).where(Job.account == account, Job.owner == owner, Job.idempotency_key == key)
     ).one_or_none()
+
+
+def _account_and_keyed_job(session: Session, caller: Principal, key: str | None) -> tuple[Account | None, Job | None]:
+    """The caller's account and, when the request has an Idempotency-Key, the job that key made: one query."""
+    if key is None:
+        return session.get(Account, caller.account), None
+    keyed_job = and_(Job.account == Account.name, Job.owner == caller.sub, Job.idempotency_key == key)
+    row = session.execute(
+        select(Account, Job).outerjoin(Job, keyed_job).where(Account.name == caller.account)
+    ).one_or_none()
+    return (None, None) if row is None else (row[0], row[1])
 
 
 def _replay(app: AppState, session: Session, job: Job, fingerprint: str) -> Job:
@@ -92,7 +139,7 @@ def _replay(app: AppState, session: Session, job: Job, fingerprint: str) -> Job:
 
 def _finish_unknown_submission(app: AppState, session: Session, job: Job) -> None:
     """A retry of a submission whose sbatch timed out: find it by tag before trying again."""
-    found = app.slurm.find_by_tag(job.tag)
+    found = app.slurm.find_by_tag(job.tag, job.account)
     if found is not None:
         job.slurm_job_id, job.state = found, "PENDING"
         session.commit()
@@ -105,10 +152,10 @@ def _finish_unknown_submission(app: AppState, session: Session, job: Job) -> Non
             "the first submission of this request is still unresolved; retry shortly with the same Idempotency-Key",
             job_id=job.id,
         )
-    script = _write_script(app, job)
+    rendered = render(_spec(app, job))
     job.submit_attempted_at = utcnow()
     session.commit()
-    _run_sbatch(app, session, job, script)
+    _run_sbatch(app, session, job, rendered)
 
 
 def _spec(app: AppState, job: Job) -> JobSpec:
@@ -133,54 +180,43 @@ def _spec(app: AppState, job: Job) -> JobSpec:
     )
 
 
-def _write_script(app: AppState, job: Job) -> tuple[Path, tuple[str, ...]]:
-    """Write the job's script; return its path and the sbatch options to submit it with."""
-    rendered = render(_spec(app, job))
-    job_dir = Path(job.job_dir)
-    # Logs may hold customer data: no folder on the way is world-readable.
-    job_dir.parent.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    for folder in (job_dir.parent, job_dir):
-        folder.mkdir(mode=0o750, exist_ok=True)
-    script_path = job_dir / "job.sbatch"
-    script_path.write_text(rendered.script)
-    os.chmod(script_path, 0o640)
-    return script_path, rendered.options
-
-
-def _forget(session: Session, job: Job) -> None:
+def _forget(app: AppState, session: Session, job: Job) -> None:
     """Drop a job Slurm never took, so its Idempotency-Key can be used again."""
     session.delete(job)
     session.commit()
-    shutil.rmtree(job.job_dir, ignore_errors=True)
-
-
-def _run_sbatch(app: AppState, session: Session, job: Job, script: tuple[Path, tuple[str, ...]]) -> None:
-    """Submit a job whose row is already committed; record the Slurm job id."""
-    script_path, options = script
     try:
-        slurm_job_id = app.slurm.submit(options, str(script_path), env_path=app.settings.job_path)
-    except CommandTimedOut as exc:
+        # The folder is the tenant's: only the run-as helper may remove it.
+        app.slurm.tenants.discard(job.account, job.id)
+    except GpupoolError as exc:
+        log.warning("job %s: could not remove the folder of a job Slurm refused: %s", job.id, exc.message)
+
+
+def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob) -> None:
+    """Submit a job whose row is already committed, as the account's tenant; record the Slurm job id."""
+    try:
+        slurm_job_id = app.slurm.submit(job.account, job.id, rendered.script, rendered.options)
+    except (CommandTimedOut, SubmissionUncertain) as exc:
         # sbatch may still have reached slurmctld: never guess, look for the tag.
         try:
-            found = app.slurm.find_by_tag(job.tag)
+            found = app.slurm.find_by_tag(job.tag, job.account)
         except SlurmUnavailable:
             found = None
         if found is None:
-            log.warning("job %s (account %s): sbatch timed out and the tag is not in the queue yet", job.id, job.account)
+            log.warning("job %s (account %s): %s; the tag is not in the queue yet", job.id, job.account, exc.message)
             raise SlurmUnavailable(
-                "Slurm did not answer in time; the job may still be accepted. Poll it, or retry "
+                "Slurm's answer to the submission did not arrive; the job may still be accepted. Poll it, or retry "
                 "with the same Idempotency-Key, which never submits it twice",
                 job_id=job.id,
             ) from exc
         slurm_job_id = found
     except SlurmUnavailable as exc:
-        # Rejected, or the controller never took the request: nothing was submitted.
+        # The connect failed, or slurmctld answered "not now": nothing was submitted.
         log.warning("job %s (account %s) not submitted: %s", job.id, job.account, exc.message)
-        _forget(session, job)
+        _forget(app, session, job)
         raise
     except SlurmRejected as exc:
         log.info("job %s (account %s) refused by Slurm: %s", job.id, job.account, exc.message)
-        _forget(session, job)
+        _forget(app, session, job)
         raise
     job.slurm_job_id = slurm_job_id
     job.state = "PENDING"
@@ -212,17 +248,18 @@ def submit(
     gpus = req.gpus if req.gpus is not None else template.default_gpus
     if gpus < template.min_gpus:
         raise ValidationFailed(f"template {req.template!r} needs at least {template.min_gpus} GPU(s)")
-    account = session.get(Account, caller.account)
+    account, keyed_job = _account_and_keyed_job(session, caller, idempotency_key)
     if account is None:
         raise Forbidden(f"account {caller.account!r} does not exist; ask the operator to create it")
+    if account.disabled_at is not None:
+        # The token cache may not have seen the disable yet; the submit path reads the row anyway.
+        raise Unauthorized(f"account {account.name!r} is disabled", code="account_disabled")
     if account.gpu_limit is not None and gpus > account.gpu_limit:
         raise ValidationFailed(f"account {account.name!r} may use at most {account.gpu_limit} GPU(s) at once")
 
     fingerprint = request_fingerprint(raw_body)
-    if idempotency_key is not None:
-        existing = _existing(session, caller.account, caller.sub, idempotency_key)
-        if existing is not None:
-            return _replay(app, session, existing, fingerprint), True
+    if keyed_job is not None:
+        return _replay(app, session, keyed_job, fingerprint), True
 
     _check_resources(app, req, gpus, template.max_gpus)
     settings = app.settings
@@ -258,18 +295,19 @@ def submit(
         request_hash=fingerprint,
         submit_attempted_at=utcnow(),
     )
-    script = _write_script(app, job)
+    rendered = render(_spec(app, job))
     session.add(job)
+    if req.callback_url is not None:
+        add_job_callback(app.settings, session, job, req.callback_url)
     try:
         session.commit()  # the one durable write before sbatch: a job is never untracked
     except IntegrityError:
         # The same key raced us from another request; answer as its replay.
         session.rollback()
-        shutil.rmtree(job.job_dir, ignore_errors=True)
         assert idempotency_key is not None
-        existing = _existing(session, caller.account, caller.sub, idempotency_key)
+        existing = _job_with_key(session, caller.account, caller.sub, idempotency_key)
         if existing is None:
             raise
         return _replay(app, session, existing, fingerprint), True
-    _run_sbatch(app, session, job, script)
+    _run_sbatch(app, session, job, rendered)
     return job, False

@@ -18,9 +18,10 @@ from gpupool import db
 from gpupool.config import load_settings
 from gpupool.proc import run_command
 from gpupool.slurm import SlurmClient
-from gpupool.tokens import create_token
-from tests.conftest import add_account_row, create_database, drop_database, throwaway_slurm_account
-from tests.live.conftest import counting_bin_dir, free_port, http
+from gpupool.tokens import issue_token
+from tests.support.http import as_service_user_argv, counting_bin_dir, free_port, http
+from tests.support.services import add_account_row, create_database, drop_database, throwaway_slurm_account
+from tests.support.tenancy import job_root_for_tests, runas_helper
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -60,17 +61,25 @@ def bench_env(tmp: Path, *, slurm_gpu_limit: int = 4) -> Iterator[dict[str, Any]
     settings = load_settings(environ={}, overrides={"jwt_secret": SECRET})
     wrappers, calls = counting_bin_dir(tmp)
     try:
-        with throwaway_slurm_account(SlurmClient(settings), "b", slurm_gpu_limit) as account:
+        with (
+            job_root_for_tests() as job_root,
+            runas_helper(job_root, tmp) as runas_socket,
+            throwaway_slurm_account(SlurmClient(settings), "b", slurm_gpu_limit) as account,
+        ):
             engine = db.make_engine(url)
-            add_account_row(db.make_session_factory(engine), account)
+            sessions = db.make_session_factory(engine)
+            add_account_row(sessions, account)
+            with sessions() as session, session.begin():
+                token = issue_token(session, settings, sub=f"bench-{secrets.token_hex(3)}", account=account, ttl_s=3600)
             engine.dispose()
             yield {
                 "database_url": url,
                 "account": account,
-                "token": create_token(settings, sub=f"bench-{secrets.token_hex(3)}", account=account, ttl_s=3600),
+                "token": token,
                 "wrappers": wrappers,
                 "calls": calls,
-                "job_root": tmp / "jobs",
+                "job_root": job_root,
+                "runas_socket": runas_socket,
             }
     finally:
         drop_database(name)
@@ -89,12 +98,16 @@ def gunicorn(env_info: dict[str, Any], *, workers: int, threads: int = 1, **sett
         "GPUPOOL_RATELIMIT_SUBMIT": "100000000/minute",
         "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
         "GPUPOOL_JOB_ROOT": str(env_info["job_root"]),
+        "GPUPOOL_RUNAS_SOCKET": env_info["runas_socket"],
     }
     env.update({f"GPUPOOL_{key.upper()}": value for key, value in settings.items()})
     argv = [str(BIN / "gunicorn"), "--workers", str(workers), "--bind", f"127.0.0.1:{port}", "--log-level", "warning"]
     if threads > 1:
         argv += ["--worker-class", "gthread", "--threads", str(threads)]
-    process = subprocess.Popen([*argv, "api:create_app()"], cwd=REPO, env=env, start_new_session=True)
+    # As production runs it: the unprivileged service user, submitting through the run-as helper.
+    process = subprocess.Popen(
+        [*as_service_user_argv(), *argv, "api:create_app()"], cwd=REPO, env=env, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

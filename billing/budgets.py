@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, Select, func, select, text
 from sqlalchemy.orm import Session
 
 from billing.meter import PriceBook, period_of
@@ -21,14 +21,14 @@ from gpupool.errors import NotFound, PaymentRequired
 from gpupool.models import Account, Adjustment, Job, LedgerEntry
 
 
-def spend_nanos(session: Session, account: str, period: str | None = None) -> int:
-    """Ledger charges plus adjustments of ``account``: in ``period``, or ever."""
+def _spent(account: str, period: str | None = None) -> ColumnElement[int]:
+    """Ledger charges plus adjustments of ``account`` (in ``period``, or ever), as one SQL expression."""
     ledger = select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(LedgerEntry.account == account)
     adjustments = select(func.coalesce(func.sum(Adjustment.amount_nanos), 0)).where(Adjustment.account == account)
     if period is not None:
         ledger = ledger.where(LedgerEntry.period == period)
         adjustments = adjustments.where(Adjustment.period == period)
-    return int(session.scalar(ledger) or 0) + int(session.scalar(adjustments) or 0)
+    return ledger.scalar_subquery() + adjustments.scalar_subquery()
 
 
 @dataclass(frozen=True)
@@ -60,16 +60,28 @@ class Balance:
         }
 
 
-def balance(session: Session, account: str, now: dt.datetime) -> Balance:
-    row = session.get(Account, account)
+def _balance_query(account: str, now: dt.datetime) -> Select[int | None, int | None, int, int]:
+    """The account's limits and its spend, ever and this month: one statement, one round trip."""
+    return select(
+        Account.prepaid_credit_nanos, Account.monthly_limit_nanos, _spent(account), _spent(account, period_of(now))
+    ).where(Account.name == account)
+
+
+def _read_balance(session: Session, query: Select[int | None, int | None, int, int], account: str) -> Balance:
+    row = session.execute(query).one_or_none()
     if row is None:
         raise NotFound(f"no account {account!r}")
+    prepaid, monthly, spent_total, spent_period = row
     return Balance(
-        prepaid_credit_nanos=row.prepaid_credit_nanos,
-        monthly_limit_nanos=row.monthly_limit_nanos,
-        spent_total_nanos=spend_nanos(session, account),
-        spent_period_nanos=spend_nanos(session, account, period_of(now)),
+        prepaid_credit_nanos=prepaid,
+        monthly_limit_nanos=monthly,
+        spent_total_nanos=int(spent_total or 0),
+        spent_period_nanos=int(spent_period or 0),
     )
+
+
+def balance(session: Session, account: str, now: dt.datetime) -> Balance:
+    return _read_balance(session, _balance_query(account, now), account)
 
 
 def remaining_nanos(session: Session, account: str, now: dt.datetime) -> int | None:
@@ -95,6 +107,26 @@ def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.
     )
 
 
+def lock_budget(session: Session, account: str, now: dt.datetime) -> Balance:
+    """Make this transaction the only one checking ``account``'s budget until it ends; the balance, read under it.
+
+    Concurrent submits would otherwise all see the same queued jobs and
+    together spend past the budget. The caller inserts its job and commits in
+    the same transaction, so the next check, let in by that commit, counts it.
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        # The driver begins transactions lazily, at the first write; taking the
+        # write lock now makes the next submit wait at its own BEGIN IMMEDIATE
+        # (busy timeout). A transaction that already wrote holds that lock anyway.
+        if not session.connection().connection.driver_connection.in_transaction:  # type: ignore[union-attr]
+            session.execute(text("BEGIN IMMEDIATE"))
+    # PostgreSQL: FOR NO KEY UPDATE, held until commit. NO KEY, since inserts that
+    # reference the account (its jobs, ledger rows) need only KEY SHARE and need
+    # not wait. The balance is read by the statement that takes the lock: one
+    # round trip, and the check sees the budget as it is now.
+    return _read_balance(session, _balance_query(account, now).with_for_update(of=Account, key_share=True), account)
+
+
 def check_submit(
     session: Session,
     account: str,
@@ -110,9 +142,10 @@ def check_submit(
     The worst case is GPUs x time limit x price, at the highest price of any
     type when no type is asked for; jobs already queued or running count
     with their own worst case, less what they have been billed so far.
+    Holds the account's budget lock (``lock_budget``) until the caller's
+    transaction ends: insert the job row and commit in that transaction.
     """
-    current = balance(session, account, now)
-    remaining = current.remaining_nanos
+    remaining = lock_budget(session, account, now).remaining_nanos
     if remaining is None:
         return
     left = remaining

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from sqlalchemy import BigInteger, cast, func, select
 from sqlalchemy.engine import Connection
 
-from billing.money import CENT_NANOS, format_cents, format_nanos, round_to_cents
+from billing.money import format_cents, format_nanos, round_to_cents
 from gpupool.errors import BadRequest
 from gpupool.models import Adjustment, LedgerEntry
 
@@ -42,6 +42,8 @@ INVOICE_COLUMNS = (
     "currency",
 )
 PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP, CSV injection).
+FORMULA_STARTS = frozenset("=+-@\t\r")
 _BATCH = 10_000
 
 
@@ -49,6 +51,15 @@ def check_period(text: str) -> str:
     if not PERIOD.match(text or ""):
         raise BadRequest(f"period {text!r} is not a month in the form YYYY-MM", code="bad_period")
     return text
+
+
+def spreadsheet_text(cell: str) -> str:
+    """``cell`` as text a spreadsheet shows and never runs: a formula start gets a leading ``'``.
+
+    Only for text cells. Numbers gpupool writes itself (a credit's ``-12.50``)
+    stay numbers, which a spreadsheet reads as values, never as formulas.
+    """
+    return "'" + cell if cell[:1] in FORMULA_STARTS else cell
 
 
 def _utc_text(moment: dt.datetime) -> str:
@@ -128,21 +139,23 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
     """Every CSV line after the header, in batches; the total comes last."""
     totals = InvoiceTotals()
     price_text: dict[int, str] = {}
+    currency = spreadsheet_text(currency)
     for partition in job_line_groups(connection, account, period):
         batch = []
         for gpupool_id, slurm_id, name, gpu_type, gpus, start, end, seconds, gpu_seconds, price, nanos in partition:
-            # round_to_cents and format_cents, inlined: this loop runs once per line.
-            cents, rest = divmod(-nanos if nanos < 0 else nanos, CENT_NANOS)
-            if rest * 2 >= CENT_NANOS:
-                cents += 1
-            amount = f"{'-' if nanos < 0 and cents else ''}{cents // 100}.{cents % 100:02d}"
-            totals.cents += -cents if nanos < 0 else cents
+            cents = round_to_cents(nanos)
+            totals.cents += cents
             totals.billed_seconds += seconds
             totals.gpu_seconds += gpu_seconds
             unit = price_text.get(price)
             if unit is None:
                 unit = price_text[price] = format_nanos(price)
-            batch.append(("job", gpupool_id or "", slurm_id, name, gpu_type, gpus, start, end, seconds, gpu_seconds, unit, amount, currency))
+            batch.append(
+                (
+                    "job", gpupool_id or "", slurm_id, spreadsheet_text(name), spreadsheet_text(gpu_type), gpus,
+                    start, end, seconds, gpu_seconds, unit, format_cents(cents), currency,
+                )
+            )
         totals.lines += len(batch)
         yield batch
     adjustments = connection.execute(
@@ -154,7 +167,7 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
     for adjustment_id, created_at, reason, nanos in adjustments:
         cents = round_to_cents(int(nanos))
         totals.cents += cents
-        batch.append(("adjustment", f"adj-{adjustment_id}", "", reason, "", "", _utc_text(created_at), "", "", "", "", format_cents(cents), currency))
+        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", _utc_text(created_at), "", "", "", "", format_cents(cents), currency))
     batch.append(("total", "", "", "", "", "", "", "", totals.billed_seconds, totals.gpu_seconds, "", format_cents(totals.cents), currency))
     yield batch
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import grp
 import os
+import re
 import tomllib
 import types
 import typing
@@ -24,12 +26,18 @@ from gpupool.errors import ConfigError
 
 ENV_PREFIX = "GPUPOOL_"
 CONTAINER_RUNTIMES = ("none", "pyxis", "docker")
-_PATH_FIELDS = ("templates_dir", "job_root", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
+_PATH_FIELDS = ("templates_dir", "job_root", "runas_socket", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
 
 
 @dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///var/gpupool.db"
+    # The billing commands connect here (empty: database_url), as a role that may only add ledger rows.
+    billing_database_url: str = ""
+    # PostgreSQL roles of the API and of billing: `gpupool db upgrade` grants them
+    # exactly gpupool.db_roles.TABLE_ACCESS. Empty: no separate roles, nothing granted.
+    database_api_role: str = ""
+    database_billing_role: str = ""
 
     jwt_secret: str = ""
     jwt_algorithm: str = "HS256"
@@ -37,17 +45,46 @@ class Settings:
     jwt_private_key_file: str = ""
     jwt_audience: str = "gpupool"
     jwt_default_ttl_s: int = 3600
+    # No token outlives this, whatever `token create --ttl` asks for.
+    jwt_max_ttl_s: int = 90 * 24 * 3600
+    # How long each API worker trusts its last look at a token's revocation and its
+    # account's disabled flag: the bound on "a revoked token stops working at once".
+    token_check_cache_s: float = 5.0
+    # Signs the web pages' session cookies (api.web). Empty: derived from jwt_secret
+    # (HS256 only; with RS256 the pages stay closed until this is set).
+    web_session_secret: str = ""
 
     ratelimit_storage_uri: str = "memory://"
     ratelimit_default: str = "1200/minute"
     ratelimit_submit: str = "60/minute"
+    # Requests without a valid token, counted per client address before the 401.
+    ratelimit_unauthenticated: str = "60/minute"
+    # Reverse proxies in front of gunicorn (nginx: 1) whose X-Forwarded-For is
+    # trusted for the client's address; 0 trusts none, so nobody can forge one.
+    proxy_hops: int = 0
 
     slurm_bin_dir: str = "/usr/bin"
     slurm_partition: str = "gpu"
-    slurm_user: str = field(default_factory=getpass.getuser)
+    # The Unix user the API and billing run as. It submits nothing itself: every
+    # job runs as its account's tenant user, through the run-as helper (gpupool.runas).
+    service_user: str = field(default_factory=getpass.getuser)
+    # Job folders belong to the tenant and this group, so the service can read logs.
+    service_group: str = field(default_factory=lambda: grp.getgrgid(os.getgid()).gr_name)
+    # Each account's jobs run as "<prefix><account>", uid from this range, member of tenant_group.
+    tenant_user_prefix: str = "gp-"
+    tenant_group: str = "gpupool-tenants"
+    tenant_uid_min: int = 200_000
+    tenant_uid_max: int = 299_999
+    # The root-owned helper that runs sbatch and scancel as a tenant. Empty: run
+    # them directly, which only works for a caller that is root (the operator's CLI).
+    runas_socket: str = ""
+    runas_timeout_s: float = 10.0
     slurm_submit_timeout_s: float = 6.0
     slurm_query_timeout_s: float = 4.0
     refresh_interval_s: float = 5.0
+    # A job neither squeue nor sacct has answered for in this long is marked UNKNOWN
+    # and stops counting against its account's budget (sacct purged it, slurmdbd lost it).
+    unknown_after_s: float = 7 * 24 * 3600
     cluster_shape_ttl_s: float = 60.0
 
     # `gpupool top` reads each node's GPU exporter at http://<node>:<port>/metrics.
@@ -57,6 +94,16 @@ class Settings:
     metrics_allow_cidrs: tuple[str, ...] = (
         "127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
     )
+
+    # Webhooks (gpupool.webhooks). Receivers on loopback, private, link-local or
+    # metadata addresses are refused unless inside one of these networks.
+    webhook_allow_cidrs: tuple[str, ...] = ()
+    webhook_timeout_s: float = 10.0
+    # More of a receiver's answer than this is not read; 1 KiB of it is kept.
+    webhook_max_response_bytes: int = 64 * 1024
+    # First retry after this, doubling up to an hour, until the event is a day old.
+    webhook_backoff_s: float = 10.0
+    webhook_retry_window_s: int = 24 * 3600
 
     templates_dir: str = "slurm_templates"
     job_root: str = "var/jobs"
@@ -78,10 +125,18 @@ class Settings:
     billing_archive_dir: str = "var/billing"
     billing_credit_failed_nodes: bool = True
     billing_cancel_exhausted: bool = False
+    # The operator report's payback: what a kWh costs, in `currency`, as exact decimal text.
+    electricity_price_per_kwh: str = "0"
 
     max_request_bytes: int = 256 * 1024
+    # The most one GET /jobs/<id>/logs answer carries, and the most it reads from disk.
+    log_read_max_bytes: int = 1024 * 1024
     default_cpus: int = 1
     default_mem_gb: int = 4
+    # What a job may ask for per GPU; 0: the smallest node's share (its CPUs or
+    # memory divided by its GPUs), so one job never strands another's GPU.
+    max_cpus_per_gpu: int = 0
+    max_mem_gb_per_gpu: int = 0
     default_time_limit_min: int = 60
     max_time_limit_min: int = 7 * 24 * 60
 
@@ -95,8 +150,31 @@ class Settings:
             raise ConfigError(f"jwt_algorithm must be HS256 or RS256, not {self.jwt_algorithm!r}")
         if self.refresh_interval_s <= 0:
             raise ConfigError("refresh_interval_s must be positive")
+        if self.unknown_after_s <= 0:
+            raise ConfigError("unknown_after_s must be positive")
+        if self.log_read_max_bytes <= 0:
+            raise ConfigError("log_read_max_bytes must be positive")
+        if not 0 < self.jwt_default_ttl_s <= self.jwt_max_ttl_s:
+            raise ConfigError("jwt_default_ttl_s must be positive and at most jwt_max_ttl_s")
+        if self.token_check_cache_s < 0:
+            raise ConfigError("token_check_cache_s must be 0 or more")
+        if self.proxy_hops < 0:
+            raise ConfigError("proxy_hops must be 0 or more")
+        if not 0 < self.tenant_uid_min <= self.tenant_uid_max:
+            raise ConfigError("tenant_uid_min must be positive and at most tenant_uid_max")
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,15}", self.tenant_user_prefix):
+            raise ConfigError("tenant_user_prefix must be a short lower-case word such as 'gp-'")
+        if self.max_cpus_per_gpu < 0 or self.max_mem_gb_per_gpu < 0:
+            raise ConfigError("max_cpus_per_gpu and max_mem_gb_per_gpu must be 0 (the node's share) or more")
         if self.billing_overlap_s < 0 or self.billing_backfill_chunk_s <= 0:
             raise ConfigError("billing_overlap_s must be 0 or more and billing_backfill_chunk_s positive")
+        if not re.fullmatch(r"\d{1,9}(\.\d{1,9})?", self.electricity_price_per_kwh):
+            raise ConfigError("electricity_price_per_kwh must be a decimal such as 0.15 (at most 9 decimals)")
+        if bool(self.database_api_role) != bool(self.database_billing_role):
+            raise ConfigError("set both database_api_role and database_billing_role, or neither")
+
+    def billing_url(self) -> str:
+        return self.billing_database_url or self.database_url
 
     def slurm_bin(self, command: str) -> str:
         return str(Path(self.slurm_bin_dir) / command)
@@ -186,6 +264,7 @@ def load_settings(
     values.setdefault("job_root", str(Path(Settings.job_root).resolve()))
     values.setdefault("billing_archive_dir", str(Path(Settings.billing_archive_dir).resolve()))
     values["database_url"] = _absolute_sqlite_url(values.get("database_url", Settings.database_url))
+    values["billing_database_url"] = _absolute_sqlite_url(values.get("billing_database_url", ""))
     return Settings(**values)
 
 

@@ -15,10 +15,13 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy import DateTime, Engine, Float, create_engine, event, literal
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, sessionmaker
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from gpupool.errors import DatabaseUnavailable, MigrationRequired
@@ -44,6 +47,31 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+class database_now(FunctionElement[dt.datetime]):  # noqa: N801  (a SQL function, named like func.now)
+    """The database server's clock, ``offset_s`` seconds on: one clock for every host that shares the database.
+
+    PostgreSQL's ``clock_timestamp()``, not ``now()``: a statement that waited on a
+    row lock compares against the moment it reads the row, not the moment its
+    transaction began. SQLite's text is the form SQLAlchemy stores, so the two compare.
+    """
+
+    type = UTCDateTime()
+    inherit_cache = True
+
+    def __init__(self, offset_s: float = 0.0) -> None:
+        super().__init__(literal(offset_s, Float()))
+
+
+@compiles(database_now, "postgresql")
+def _database_now_postgresql(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"(clock_timestamp() + {compiler.process(element.clauses, **kw)} * interval '1 second')"
+
+
+@compiles(database_now, "sqlite")
+def _database_now_sqlite(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"strftime('%Y-%m-%d %H:%M:%f', 'now', {compiler.process(element.clauses, **kw)} || ' seconds')"
 
 
 class Base(DeclarativeBase):
@@ -82,6 +110,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     # No pre-ping: it costs a round trip per request. A connection that died with
     # the server fails one request (503) and SQLAlchemy then recycles the pool.
     kwargs.setdefault("connect_args", {"connect_timeout": 5})
+    if url.startswith("postgresql+psycopg2"):
+        # An UPDATE of many rows (the refresher's first pass over a 10,000-job queue)
+        # goes 100 statements a round trip through execute_batch, not one each.
+        kwargs.setdefault("executemany_mode", "values_plus_batch")
     return create_engine(url, **kwargs)
 
 

@@ -2,7 +2,8 @@
 
     GpupoolError
     ├── ConfigError                 settings missing or malformed
-    │   └── PriceMissing            usage of a GPU type that has no price yet
+    │   ├── PriceMissing            usage of a GPU type that has no price yet
+    │   └── TenantError             an account's Unix identity is missing or unsafe to act as
     ├── MigrationRequired           database schema is not at the code's revision
     ├── RequestError                the caller asked for something wrong
     │   ├── BadRequest              malformed body or query (400)
@@ -12,19 +13,23 @@
     │   ├── PaymentRequired         the account's budget cannot cover the job (402)
     │   ├── NotFound                no such resource for this caller (404)
     │   ├── Conflict                state or idempotency clash (409)
+    │   │   └── LogUnavailable      the job's log is a link, FIFO or foreign file (409)
     │   ├── PayloadTooLarge         body over the configured limit (413)
     │   ├── UnsupportedMediaType    body is not JSON (415)
     │   └── ValidationFailed        well-formed but invalid values (422)
-    │       └── SlurmRejected       Slurm refused the job outright (422)
+    │       ├── SlurmRejected       Slurm refused the job outright (422)
+    │       └── WebhookUrlRefused   a webhook URL that resolves nowhere or inside the network (422)
     └── ServiceUnavailable          a dependency is down or slow (503)
         ├── DatabaseUnavailable
+        ├── RunasUnavailable        the run-as helper is not answering on its socket
         └── SlurmUnavailable
             ├── CommandTimedOut     a Slurm command ran past its timeout
+            ├── SubmissionUncertain sbatch failed after slurmctld may have taken the job
             └── CommandFailed       a Slurm command exited non-zero (stderr kept)
                 └── CommandNotFound the binary is not where configured
 
 The API maps this tree to HTTP status codes in exactly one place
-(``api.errors``); the CLI maps it to exit codes in ``gpupool.cli``.
+(``api.errors``); the CLI maps it to exit codes in ``gpupool_cli.main``.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ class ConfigError(GpupoolError):
 
 class PriceMissing(ConfigError):
     code = "price_missing"
+
+
+class TenantError(ConfigError):
+    code = "tenant_error"
 
 
 class MigrationRequired(GpupoolError):
@@ -98,6 +107,16 @@ class Conflict(RequestError):
     code = "conflict"
 
 
+class LogUnavailable(Conflict):
+    """The job left something other than its own regular file where its log belongs.
+
+    A conflict with the job's state, not a missing permission: the caller may
+    read the log, but what the job put there is refused rather than followed.
+    """
+
+    code = "log_unavailable"
+
+
 class PayloadTooLarge(RequestError):
     code = "payload_too_large"
 
@@ -114,12 +133,20 @@ class SlurmRejected(ValidationFailed):
     code = "slurm_rejected"
 
 
+class WebhookUrlRefused(ValidationFailed):
+    code = "webhook_url_refused"
+
+
 class ServiceUnavailable(GpupoolError):
     code = "service_unavailable"
 
 
 class DatabaseUnavailable(ServiceUnavailable):
     code = "database_unavailable"
+
+
+class RunasUnavailable(ServiceUnavailable):
+    code = "runas_unavailable"
 
 
 class SlurmUnavailable(ServiceUnavailable):
@@ -138,6 +165,12 @@ class CommandTimedOut(SlurmUnavailable):
         )
         self.argv = list(argv)
         self.stderr = stderr
+
+
+class SubmissionUncertain(SlurmUnavailable):
+    """sbatch failed after its request may have reached slurmctld: the job may exist. Look for its tag."""
+
+    code = "slurm_submission_uncertain"
 
 
 class CommandFailed(SlurmUnavailable):

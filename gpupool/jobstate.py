@@ -5,52 +5,84 @@ interval across all processes: a single-row lease in the database decides who
 runs it, so the number of Slurm calls depends neither on how many clients poll
 nor on how many gunicorn workers serve them. Jobs that squeue no longer lists
 (past ``MinJobAge``) or that it shows as ended are read from ``sacct``, again in
-one call. Jobs whose submission timed out are found by their tag.
+one call. Jobs whose submission timed out are found by their tag. A job neither
+answers for in ``unknown_after_s`` is marked ``UNKNOWN`` and no longer tracked.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Row, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
-from gpupool.db import utcnow
+from gpupool.config import Settings
+from gpupool.db import database_now, utcnow
 from gpupool.errors import SlurmUnavailable
 from gpupool.metrics import REFRESH_PASSES, REFRESH_SECONDS
 from gpupool.models import TERMINAL_STATES, Job, SlurmSync
-from gpupool.models.jobs import SUBMITTING
-from gpupool.render import TAG_PREFIX
+from gpupool.models.jobs import SUBMITTING, UNKNOWN
+from gpupool.render import TAG_PREFIX, job_tag
 from gpupool.slurm import AccountingEntry, QueueEntry, SlurmClient
+from gpupool.webhooks import JobEvents
 
 log = logging.getLogger("gpupool.jobstate")
 LEASE_ID = 1
 SUBMISSION_LOST = "SubmissionLost"
+NOT_REPORTED = "NotReportedBySlurm"
 
 
-def _apply_queue(job: Job, entry: QueueEntry) -> None:
-    job.slurm_job_id = entry.slurm_job_id
-    job.state = entry.state
-    job.reason = entry.reason if entry.state == "PENDING" else None
-    job.submitted_at = entry.submitted_at or job.submitted_at
-    job.started_at = entry.started_at
-    job.node = entry.node if entry.state != "PENDING" else None
+# A job as the refresher reads it: a row of these columns before Slurm is asked, the
+# ORM object when it is written. Whatever Slurm's answer would change is computed from
+# either by the same code, so only the rows it changes are ever loaded as objects.
+_READ_COLUMNS = (
+    Job.id, Job.account, Job.slurm_job_id, Job.state, Job.reason, Job.submitted_at, Job.started_at, Job.ended_at,
+    Job.node, Job.finished, Job.exit_code, Job.exit_signal, Job.elapsed_s, Job.last_seen_at, Job.updated_at,
+    Job.submit_attempted_at, Job.created_at,
+)
+TrackedJob = Job | Row[Any]
+# Above this many changed rows the write phase reads every unfinished job rather than list their ids.
+_LOAD_BY_ID_MAX = 1000
 
 
-def _apply_accounting(job: Job, entry: AccountingEntry) -> None:
-    job.state = entry.state
-    job.reason = entry.reason if entry.state == "PENDING" else None
-    job.submitted_at = entry.submitted_at or job.submitted_at
-    job.started_at = entry.started_at
-    job.ended_at = entry.ended_at if entry.state in TERMINAL_STATES else None
-    job.node = entry.node
+@dataclass(frozen=True)
+class SlurmAnswers:
+    """What squeue and sacct said in one refresh."""
+
+    queue: dict[int, QueueEntry]
+    accounting: dict[int, AccountingEntry]
+    # Queue entries by (account, tag), for jobs whose sbatch never returned an id.
+    by_tag: dict[tuple[str, str], QueueEntry]
+
+
+def _queue_values(entry: QueueEntry, submitted_at: dt.datetime | None) -> dict[str, Any]:
+    return {
+        "slurm_job_id": entry.slurm_job_id,
+        "state": entry.state,
+        "reason": entry.reason if entry.state == "PENDING" else None,
+        "submitted_at": entry.submitted_at or submitted_at,
+        "started_at": entry.started_at,
+        "node": entry.node if entry.state != "PENDING" else None,
+    }
+
+
+def _accounting_values(entry: AccountingEntry, submitted_at: dt.datetime | None) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "state": entry.state,
+        "reason": entry.reason if entry.state == "PENDING" else None,
+        "submitted_at": entry.submitted_at or submitted_at,
+        "started_at": entry.started_at,
+        "ended_at": entry.ended_at if entry.state in TERMINAL_STATES else None,
+        "node": entry.node,
+    }
     if entry.state in TERMINAL_STATES:
-        job.finished = True
-        job.exit_code = entry.exit_code
-        job.exit_signal = entry.exit_signal
-        job.elapsed_s = entry.elapsed_s
+        values.update(finished=True, exit_code=entry.exit_code, exit_signal=entry.exit_signal, elapsed_s=entry.elapsed_s)
+    return values
 
 
 class JobStateRefresher:
@@ -61,33 +93,47 @@ class JobStateRefresher:
         *,
         interval_s: float,
         submission_grace_s: float,
+        unknown_after_s: float = Settings.unknown_after_s,
     ) -> None:
         self._sessions = session_factory
         self._slurm = slurm
         self.interval = dt.timedelta(seconds=interval_s)
         self.submission_grace = dt.timedelta(seconds=submission_grace_s)
+        self.unknown_after = dt.timedelta(seconds=unknown_after_s)
+        # last_seen_at is rewritten only once it is this stale: not every job's row on every refresh.
+        self._seen_resolution = self.unknown_after / 100
         # Before this moment the lease is known to be held: skip the database entirely.
         self._not_before = dt.datetime.min.replace(tzinfo=dt.UTC)
 
-    def _claim_lease(self, now: dt.datetime) -> dt.datetime | None:
-        """Take the lease (None) or return when its current holder took it."""
+    def _claim_lease(self) -> dt.timedelta | None:
+        """Take the lease (None) or return how much longer its current holder keeps it.
+
+        A lease starts and ends by the database's clock, never a caller's: a host
+        whose clock runs ahead would otherwise hold it past the interval.
+        """
+        interval_s = self.interval.total_seconds()
         with self._sessions() as session, session.begin():
             claimed = session.execute(
                 update(SlurmSync)
-                .where(SlurmSync.id == LEASE_ID, SlurmSync.started_at <= now - self.interval)
-                .values(started_at=now)
+                .where(
+                    SlurmSync.id == LEASE_ID,
+                    # A lease that starts in the future was written by a clock running ahead: it holds nothing.
+                    or_(SlurmSync.started_at <= database_now(-interval_s), SlurmSync.started_at > database_now()),
+                )
+                .values(started_at=database_now())
             ).rowcount
             if claimed:
                 return None
-            lease = session.get(SlurmSync, LEASE_ID)
+            lease = session.execute(select(SlurmSync.started_at, database_now()).where(SlurmSync.id == LEASE_ID)).first()
             if lease is not None:
-                return lease.started_at
+                started_at, now = lease
+                return max(started_at + self.interval - now, dt.timedelta(0))
         try:
             with self._sessions() as session, session.begin():
-                session.add(SlurmSync(id=LEASE_ID, started_at=now))
+                session.execute(insert(SlurmSync).values(id=LEASE_ID, started_at=database_now()))
             return None
         except IntegrityError:
-            return now  # another process created the lease first and holds it
+            return self.interval  # another process created the lease first and holds it
 
     def due(self) -> bool:
         """False while this process knows another holds the lease: no database call needed."""
@@ -97,10 +143,10 @@ class JobStateRefresher:
         """Refresh if this interval's lease is free; True if this call ran the refresh."""
         if not self.due():
             return False
+        held_for = self._claim_lease()
         now = utcnow()
-        held_since = self._claim_lease(now)
-        if held_since is not None:
-            self._not_before = held_since + self.interval
+        if held_for is not None:
+            self._not_before = now + held_for
             return False
         self._not_before = now + self.interval
         error: str | None = None
@@ -114,7 +160,7 @@ class JobStateRefresher:
         REFRESH_PASSES.labels(outcome="ok" if error is None else "failed").inc()
         with self._sessions() as session, session.begin():
             session.execute(
-                update(SlurmSync).where(SlurmSync.id == LEASE_ID).values(finished_at=utcnow(), last_error=error)
+                update(SlurmSync).where(SlurmSync.id == LEASE_ID).values(finished_at=database_now(), last_error=error)
             )
         return True
 
@@ -125,38 +171,104 @@ class JobStateRefresher:
         database transaction waits on squeue or sacct.
         """
         now = now or utcnow()
-        with self._sessions() as session:
-            rows = session.execute(select(Job.id, Job.slurm_job_id).where(Job.finished.is_(False))).all()
-        tracked = {job_id: slurm_id for job_id, slurm_id in rows}
+        # squeue runs while the database is read: on a 10,000-job queue each takes about as long.
+        # A job submitted between the two is either not read (the next refresh takes it) or
+        # not yet listed, which changes nothing until unknown_after has passed.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="squeue") as slurm_reader:
+            asked = slurm_reader.submit(self._slurm.queue)
+            with self._sessions() as session:
+                tracked = session.execute(select(*_READ_COLUMNS).where(Job.finished.is_(False))).all()
+            queue = asked.result()
         if not tracked:
             return
-        queue = self._slurm.queue()
-        by_tag = {entry.comment: entry for entry in queue.values() if entry.comment.startswith(TAG_PREFIX)}
+        # Anyone can write any comment: a tag counts only under the account whose tenant submitted it.
+        by_tag = {
+            (entry.account, entry.comment): entry
+            for entry in queue.values()
+            if entry.comment.startswith(TAG_PREFIX) and self._slurm.owns(entry, entry.account)
+        }
         # squeue no longer lists it (past MinJobAge) or lists it as ended: sacct has the final word.
         ended_or_forgotten = [
-            slurm_id
-            for slurm_id in tracked.values()
-            if slurm_id is not None and (slurm_id not in queue or queue[slurm_id].state in TERMINAL_STATES)
+            job.slurm_job_id
+            for job in tracked
+            if job.slurm_job_id is not None
+            and (job.slurm_job_id not in queue or queue[job.slurm_job_id].state in TERMINAL_STATES)
         ]
-        records = self._slurm.accounting(ended_or_forgotten)
-        with self._sessions() as session, session.begin():
-            for job in session.scalars(select(Job).where(Job.id.in_(list(tracked)), Job.finished.is_(False))):
-                if job.slurm_job_id is None:
-                    self._resolve_submission(job, by_tag.get(job.tag), now)
-                    continue
-                entry = queue.get(job.slurm_job_id)
-                if entry is not None and entry.comment in ("", job.tag):
-                    _apply_queue(job, entry)
-                record = records.get(job.slurm_job_id)
-                if record is not None and (entry is None or entry.state in TERMINAL_STATES):
-                    _apply_accounting(job, record)
+        accounting_error: SlurmUnavailable | None = None
+        try:
+            records = self._slurm.accounting(ended_or_forgotten)
+        except SlurmUnavailable as exc:
+            # slurmdbd down: squeue's answers still count, and the jobs only sacct knows go unanswered.
+            records, accounting_error = {}, exc
+        answers = SlurmAnswers(queue, records, by_tag)
+        # Most refreshes change few rows (a 10,000-job queue: none): only those are loaded and written.
+        changing = [job.id for job in tracked if self.changes(job, answers, now)]
+        if changing:
+            self._write(changing, answers, now)
+        if accounting_error is not None:
+            raise accounting_error
 
-    def _resolve_submission(self, job: Job, entry: QueueEntry | None, now: dt.datetime) -> None:
+    def _write(self, job_ids: list[str], answers: SlurmAnswers, now: dt.datetime) -> None:
+        events = JobEvents()
+        unfinished = select(Job).where(Job.finished.is_(False))
+        if len(job_ids) <= _LOAD_BY_ID_MAX:
+            unfinished = unfinished.where(Job.id.in_(job_ids))
+        wanted = set(job_ids)
+        with self._sessions() as session, session.begin():
+            for job in session.scalars(unfinished):
+                if job.id not in wanted:
+                    continue  # submitted since the read: the next refresh takes it
+                # Again, on the row as it is now: a submit may have recorded its Slurm id meanwhile.
+                changes = self.changes(job, answers, now)
+                if not changes:
+                    continue
+                events.note(job)
+                self._log_verdict(job, changes)
+                for column, value in changes.items():
+                    setattr(job, column, value)
+            # Webhook events commit with the states they announce, or not at all.
+            events.enqueue(session, now)
+
+    def changes(self, job: TrackedJob, answers: SlurmAnswers, now: dt.datetime) -> dict[str, Any]:
+        """The columns of ``job`` that Slurm's answers change, with their new values; empty when none."""
+        if job.slurm_job_id is None:
+            values = self._submission_values(job, answers.by_tag.get((job.account, job_tag(job.id))), now)
+        else:
+            entry = answers.queue.get(job.slurm_job_id)
+            listed = entry is not None and entry.comment in ("", job_tag(job.id))
+            values = _queue_values(entry, job.submitted_at) if entry is not None and listed else {}
+            record = answers.accounting.get(job.slurm_job_id)
+            if record is not None and (entry is None or entry.state in TERMINAL_STATES):
+                values |= _accounting_values(record, values.get("submitted_at", job.submitted_at))
+            values |= self._seen_values(job, listed or record is not None, now)
+        return {column: value for column, value in values.items() if getattr(job, column) != value}
+
+    def _seen_values(self, job: TrackedJob, answered: bool, now: dt.datetime) -> dict[str, Any]:
+        """Note that Slurm answered for ``job``, or give it up once it has not for ``unknown_after``."""
+        if answered:
+            if job.last_seen_at is None or now - job.last_seen_at >= self._seen_resolution:
+                return {"last_seen_at": now}
+            return {}
+        if now - (job.last_seen_at or job.updated_at) < self.unknown_after:
+            return {}
+        return {"state": UNKNOWN, "reason": NOT_REPORTED, "finished": True}
+
+    def _submission_values(self, job: TrackedJob, entry: QueueEntry | None, now: dt.datetime) -> dict[str, Any]:
+        """A job whose sbatch never returned an id: adopted once its tag is queued, lost after the grace."""
         if entry is not None:
-            log.info("adopting job %s: Slurm accepted it as %s after sbatch gave up", job.id, entry.slurm_job_id)
-            _apply_queue(job, entry)
-            return
+            return _queue_values(entry, job.submitted_at)
         attempted = job.submit_attempted_at or job.created_at
         if job.state == SUBMITTING and now - attempted > self.submission_grace:
-            job.state, job.reason, job.finished = "FAILED", SUBMISSION_LOST, True
-            job.ended_at = now
+            return {"state": "FAILED", "reason": SUBMISSION_LOST, "finished": True, "ended_at": now}
+        return {}
+
+    @staticmethod
+    def _log_verdict(job: Job, changes: dict[str, Any]) -> None:
+        if job.slurm_job_id is None and "slurm_job_id" in changes:
+            log.info("adopting job %s: Slurm accepted it as %s after sbatch gave up", job.id, changes["slurm_job_id"])
+        elif changes.get("state") == UNKNOWN:
+            last_seen = job.last_seen_at or job.updated_at
+            log.warning(
+                "job %s (account %s, Slurm job %s): neither squeue nor sacct has reported it since %s; marked %s",
+                job.id, job.account, job.slurm_job_id, f"{last_seen:%Y-%m-%dT%H:%M:%SZ}", UNKNOWN,
+            )

@@ -22,6 +22,19 @@ _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 @dataclass(frozen=True)
+class RunAs:
+    """Another Unix identity to run a command as: its uid, its group, no supplementary groups.
+
+    Only a root caller can switch; gpupool's run-as helper is that caller.
+    """
+
+    uid: int
+    gid: int
+    # Files the command creates are readable by the job folder's group (the service), never by others.
+    umask: int = 0o027
+
+
+@dataclass(frozen=True)
 class CommandResult:
     argv: tuple[str, ...]
     returncode: int
@@ -53,6 +66,8 @@ def run_command(
     input_text: str | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = True,
+    run_as: RunAs | None = None,
+    cwd: str | None = None,
 ) -> CommandResult:
     """Run ``argv`` and return its output; raise with stderr kept on failure or timeout."""
     if isinstance(argv, str):  # a str would be split into characters, never a shell line
@@ -70,6 +85,11 @@ def run_command(
             shell=False,
             check=False,
             close_fds=True,
+            cwd=cwd,
+            user=None if run_as is None else run_as.uid,
+            group=None if run_as is None else run_as.gid,
+            extra_groups=None if run_as is None else [],
+            umask=-1 if run_as is None else run_as.umask,
         )
     except subprocess.TimeoutExpired as exc:
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")

@@ -139,6 +139,11 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
             f"--container-image={spec.container_image}",
             f"--container-mounts={_container_mounts(spec)}",
             f"--container-workdir={spec.job_dir}",
+            # The tenant's home holds nothing the job needs, and its own uid inside the
+            # container keeps files it writes to the job folder the tenant's, whatever
+            # the site's pyxis defaults say.
+            "--no-container-mount-home",
+            "--no-container-remap-root",
         ]
     return tuple(options)
 
@@ -148,25 +153,68 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
 _SLURM_VARS_FOR_CONTAINER = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_GPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_NODE")
 
 
+# docker labels every container with the Slurm job it belongs to, so the node's Epilog
+# (deploy/ansible/roles/container_runtime) can remove whatever a killed job left behind.
+DOCKER_JOB_LABEL = "gpupool.slurm_job_id"
+
+
 def _docker_wrapped(spec: JobSpec, env_names: list[str]) -> list[str]:
+    """The body run by ``docker run`` as the tenant, on the job's GPUs, removed with the job.
+
+    dockerd starts the container outside the job's cgroup, so nothing Slurm does to the
+    job reaches it by itself: the client runs in the background while the shell waits,
+    and a trap removes the container when the shell exits, including on the SIGTERM
+    Slurm sends at cancel or time limit (``wait`` returns at once for a trapped signal).
+    """
     assert spec.container_image
     # A delimiter derived from the body cannot occur in it as a line of its own.
     delimiter = "GPUPOOL_BODY_" + hashlib.sha256(spec.body.encode()).hexdigest()[:16]
-    lines = [
+    lines = ['gpupool_container="gpupool-${SLURM_JOB_ID:?not started by Slurm: SLURM_JOB_ID is unset}"']
+    if spec.gpus > 0:
+        # Host indices, as docker counts: CUDA_VISIBLE_DEVICES counts from 0 within the
+        # job's device cgroup, which dockerd does not run in. Checked here, where a
+        # missing value stops the job before any container starts.
+        lines.append('gpupool_gpus="${SLURM_JOB_GPUS:?no GPUs allocated: Slurm set no SLURM_JOB_GPUS}"')
+    lines += [
+        "# dockerd runs the container outside this job's cgroup: remove it however this script ends.",
+        "gpupool_docker_pid=''",
+        "gpupool_remove_container() {",
+        '  docker rm --force "$gpupool_container" >/dev/null 2>&1 || true',
+        '  if [[ -n $gpupool_docker_pid ]]; then kill "$gpupool_docker_pid" 2>/dev/null || true; fi',
+        "}",
+        "trap gpupool_remove_container EXIT",
+        "trap 'exit 143' TERM",
+        "trap 'exit 130' INT",
         "docker run --rm --init --interactive \\",
-        f"  --name {shlex.quote('gpupool-' + spec.job_id)} \\",
-        '  --gpus "\\"device=${CUDA_VISIBLE_DEVICES:?no GPUs allocated}\\"" \\',
+        '  --name "$gpupool_container" \\',
+        f'  --label "{DOCKER_JOB_LABEL}=$SLURM_JOB_ID" \\',
+        f"  --label {shlex.quote('gpupool.job=' + spec.job_id)} \\",
+    ]
+    if spec.gpus > 0:
+        lines.append('  --gpus "\\"device=$gpupool_gpus\\"" \\')
+    lines += [
+        # The job runs as the tenant, so this is the tenant's uid, never root.
         '  --user "$(id -u):$(id -g)" \\',
+        "  --security-opt no-new-privileges \\",
+        "  --cap-drop ALL \\",
+        # Outside the job's cgroup Slurm's limits do not hold: the same ones, given to docker.
+        f"  --cpus {spec.cpus} \\",
+        f"  --memory {spec.mem_gb}g \\",
     ]
     lines += [f"  --env {name} \\" for name in (*env_names, *_SLURM_VARS_FOR_CONTAINER)]
     for mount in (f"{spec.job_dir}:{spec.job_dir}", *spec.container_mounts):
         lines.append(f"  --volume {shlex.quote(mount)} \\")
     lines += [
         f"  --workdir {shlex.quote(spec.job_dir)} \\",
-        f"  {shlex.quote(spec.container_image)} /bin/bash -s <<'{delimiter}'",
+        f"  {shlex.quote(spec.container_image)} /bin/bash -s <<'{delimiter}' &",
         "set -euo pipefail",
         spec.body.rstrip("\n"),
         delimiter,
+        "gpupool_docker_pid=$!",
+        "gpupool_status=0",
+        'wait "$gpupool_docker_pid" || gpupool_status=$?',
+        "gpupool_docker_pid=''",
+        'exit "$gpupool_status"',
     ]
     return lines
 

@@ -4,6 +4,11 @@ Each ``slurm_templates/<name>/`` folder is one template. Parameters are typed
 and bounded in TOML; gpupool turns each schema into a pydantic model, so the
 same definition validates requests and appears in ``GET /templates`` and the
 OpenAPI document.
+
+A ``type = "path"`` parameter is a path relative to wherever the template uses
+it (the job folder, the container's working directory): it can never climb out
+with ``..``, start at ``/`` or ``~``, or hold a control character, and it is
+taken only in its normal form, so the value checked is the value used.
 """
 
 from __future__ import annotations
@@ -24,20 +29,53 @@ from pydantic import (
     ValidationError,
     create_model,
 )
+from pydantic_core import PydanticCustomError
 
 from gpupool.errors import ConfigError, ValidationFailed
 
 TEMPLATE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 PARAM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_PARAM_TYPES = ("string", "integer", "number", "boolean")
+_PARAM_TYPES = ("string", "path", "integer", "number", "boolean")
 _SPEC_KEYS = {"type", "description", "default", "minimum", "maximum", "max_length", "min_length", "pattern", "choices"}
+# A path's meaning is fixed by its kind; bounds, patterns and choices would only blur it.
+_PATH_SPEC_KEYS = {"type", "description", "default", "max_length"}
 # bash cannot hold a NUL byte in a variable; a default cap keeps scripts sane.
 _DEFAULT_MAX_LENGTH = 4096
+_CONTROL_CHARS = frozenset(map(chr, (*range(32), 127)))
+# The JSON-schema (ECMA-262) spelling of _relative_path's rules, for clients that validate
+# before sending; a unit test holds the two to the same answers.
+RELATIVE_PATH_FORMAT = "relative-path"
+RELATIVE_PATH_PATTERN = r"^(?![~-])(?!(?:.*/)?\.{1,2}(?:/|$))[^/\x00-\x1f\x7f]+(?:/[^/\x00-\x1f\x7f]+)*$"
 
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL bytes")
+    return value
+
+
+def _path_error(reason: str) -> PydanticCustomError:
+    return PydanticCustomError("relative_path", "must be a relative path in normal form: {reason}", {"reason": reason})
+
+
+def _relative_path(value: str) -> str:
+    """Refuse anything but a normalized relative path that stays below where it is used."""
+    if not value:
+        raise _path_error("it is empty")
+    if any(char in _CONTROL_CHARS for char in value):
+        raise _path_error("it holds a control character (NUL, newline, tab, ...)")
+    if value.startswith("/"):
+        raise _path_error("it starts with '/'")
+    if value.startswith("~"):
+        raise _path_error("it starts with '~'")
+    # A leading dash would reach the program the template runs as an option, not a file.
+    if value.startswith("-"):
+        raise _path_error("it starts with '-'")
+    segments = value.split("/")
+    if ".." in segments:
+        raise _path_error("it has a '..' segment")
+    if "." in segments or "" in segments:
+        raise _path_error("it has a '.' segment, '//' or a trailing '/'")
     return value
 
 
@@ -84,15 +122,21 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 def _param_field(template: str, name: str, spec: Mapping[str, Any]) -> tuple[Any, Any]:
-    unknown = set(spec) - _SPEC_KEYS
-    if unknown:
-        raise ConfigError(f"template {template}: param {name}: unknown key(s) {', '.join(sorted(unknown))}")
     kind = spec.get("type")
     if kind not in _PARAM_TYPES:
         raise ConfigError(f"template {template}: param {name}: type must be one of {', '.join(_PARAM_TYPES)}")
+    unknown = set(spec) - (_PATH_SPEC_KEYS if kind == "path" else _SPEC_KEYS)
+    if unknown:
+        raise ConfigError(f"template {template}: param {name}: unknown key(s) {', '.join(sorted(unknown))}")
     constraints: dict[str, Any] = {"description": spec.get("description")}
     annotation: Any
-    if "choices" in spec:
+    if kind == "path":
+        constraints["max_length"] = spec.get("max_length", _DEFAULT_MAX_LENGTH)
+        constraints["json_schema_extra"] = {"format": RELATIVE_PATH_FORMAT, "pattern": RELATIVE_PATH_PATTERN}
+        annotation = Annotated[str, AfterValidator(_relative_path)]
+        if "default" in spec:
+            _check_path_default(template, name, spec["default"])
+    elif "choices" in spec:
         annotation = Literal[tuple(spec["choices"])]
     elif kind == "string":
         constraints["max_length"] = spec.get("max_length", _DEFAULT_MAX_LENGTH)
@@ -114,6 +158,16 @@ def _param_field(template: str, name: str, spec: Mapping[str, Any]) -> tuple[Any
     if "choices" not in spec:
         constraints["strict"] = True  # "5" is not 5 and true is not 1.0; a Literal is exact already
     return annotation, Field(default, **constraints)
+
+
+def _check_path_default(template: str, name: str, default: Any) -> None:
+    # pydantic does not validate defaults, so an operator's typo would reach every job unchecked.
+    if not isinstance(default, str):
+        raise ConfigError(f"template {template}: param {name}: a path's default must be a string")
+    try:
+        _relative_path(default)
+    except PydanticCustomError as exc:
+        raise ConfigError(f"template {template}: param {name}: default {default!r} {exc.message()}") from exc
 
 
 def load_template(folder: Path) -> Template:

@@ -2,34 +2,45 @@
 
 Verification pins the algorithm from settings (never from the token header),
 so ``alg: none`` and HS/RS confusion are refused, and it requires ``exp``,
-``iat``, ``sub`` and ``aud``.
+``iat``, ``sub``, ``aud`` and ``jti``.
+
+A signature is not enough: the API also asks the database about the token's
+``jti`` (``read_standing``). Only tokens recorded by ``issue_token`` are
+accepted, and only while neither the token is revoked nor its account disabled.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jwt
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpupool.config import Settings
-from gpupool.errors import ConfigError, Unauthorized
-from gpupool.models.accounts import ACCOUNT_NAME
+from gpupool.errors import ConfigError, Conflict, NotFound, Unauthorized
+from gpupool.models.accounts import ACCOUNT_NAME, Account
+from gpupool.models.tokens import JTI_LENGTH, IssuedToken
 
 ROLES = ("customer", "admin")
 MAX_SUBJECT_LENGTH = 255  # the width of jobs.owner
-REQUIRED_CLAIMS = ("exp", "iat", "sub", "aud")
+REQUIRED_CLAIMS = ("exp", "iat", "sub", "aud", "jti")
 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the token's subject, its account and role."""
+    """Who is calling: the token's subject, its account and role, and the token's id."""
 
     sub: str
     account: str
     role: str
+    jti: str
+    # The token's ``exp`` (Unix seconds), for whoever reuses a verification: not part of who calls.
+    expires_at: int | None = field(default=None, compare=False)
 
     @property
     def is_admin(self) -> bool:
@@ -61,6 +72,64 @@ def signing_key(settings: Settings) -> str:
     return verification_key(settings)
 
 
+@dataclass(frozen=True)
+class TokenClaims:
+    """What a new token says, before it is signed."""
+
+    jti: str
+    sub: str
+    account: str
+    role: str
+    issued_at: dt.datetime
+    expires_at: dt.datetime
+
+
+def new_claims(
+    settings: Settings,
+    *,
+    sub: str,
+    account: str,
+    role: str = "customer",
+    ttl_s: int | None = None,
+    now: dt.datetime | None = None,
+) -> TokenClaims:
+    """Claims for a new token with a fresh ``jti``, or ConfigError saying which argument is wrong."""
+    if role not in ROLES:
+        raise ConfigError(f"role must be one of {', '.join(ROLES)}")
+    if not 0 < len(sub) <= MAX_SUBJECT_LENGTH or not ACCOUNT_NAME.match(account):
+        raise ConfigError(f"a token needs a user of 1 to {MAX_SUBJECT_LENGTH} characters and a valid account name")
+    lifetime = settings.jwt_default_ttl_s if ttl_s is None else ttl_s
+    if lifetime <= 0:
+        raise ConfigError("--ttl must be a positive number of seconds")
+    if lifetime > settings.jwt_max_ttl_s:
+        raise ConfigError(
+            f"--ttl {lifetime} is longer than the ceiling of {settings.jwt_max_ttl_s} seconds (GPUPOOL_JWT_MAX_TTL_S)"
+        )
+    # JWT times are whole seconds; the recorded times match the claims exactly.
+    issued = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).replace(microsecond=0)
+    return TokenClaims(
+        jti=uuid.uuid4().hex,
+        sub=sub,
+        account=account,
+        role=role,
+        issued_at=issued,
+        expires_at=issued + dt.timedelta(seconds=lifetime),
+    )
+
+
+def sign_claims(settings: Settings, claims: TokenClaims) -> str:
+    payload: dict[str, Any] = {
+        "sub": claims.sub,
+        "account": claims.account,
+        "role": claims.role,
+        "iat": int(claims.issued_at.timestamp()),
+        "exp": int(claims.expires_at.timestamp()),
+        "aud": settings.jwt_audience,
+        "jti": claims.jti,
+    }
+    return jwt.encode(payload, signing_key(settings), algorithm=settings.jwt_algorithm)
+
+
 def create_token(
     settings: Settings,
     *,
@@ -70,23 +139,83 @@ def create_token(
     ttl_s: int | None = None,
     now: dt.datetime | None = None,
 ) -> str:
-    if role not in ROLES:
-        raise ConfigError(f"role must be one of {', '.join(ROLES)}")
-    if not 0 < len(sub) <= MAX_SUBJECT_LENGTH or not ACCOUNT_NAME.match(account):
-        raise ConfigError(f"a token needs a user of 1 to {MAX_SUBJECT_LENGTH} characters and a valid account name")
-    issued = now or dt.datetime.now(dt.UTC)
-    lifetime = settings.jwt_default_ttl_s if ttl_s is None else ttl_s
-    if lifetime <= 0:
-        raise ConfigError("--ttl must be a positive number of seconds")
-    claims: dict[str, Any] = {
-        "sub": sub,
-        "account": account,
-        "role": role,
-        "iat": int(issued.timestamp()),
-        "exp": int((issued + dt.timedelta(seconds=lifetime)).timestamp()),
-        "aud": settings.jwt_audience,
-    }
-    return jwt.encode(claims, signing_key(settings), algorithm=settings.jwt_algorithm)
+    """A signed token that is not recorded anywhere, so the API refuses it; ``issue_token`` records one."""
+    return sign_claims(settings, new_claims(settings, sub=sub, account=account, role=role, ttl_s=ttl_s, now=now))
+
+
+def issue_token(
+    session: Session,
+    settings: Settings,
+    *,
+    sub: str,
+    account: str,
+    role: str = "customer",
+    ttl_s: int | None = None,
+    now: dt.datetime | None = None,
+) -> str:
+    """Sign a token for an existing, enabled account and add its row to ``session`` (the caller commits)."""
+    claims = new_claims(settings, sub=sub, account=account, role=role, ttl_s=ttl_s, now=now)
+    token = sign_claims(settings, claims)
+    holder = session.get(Account, account)
+    if holder is None:
+        raise NotFound(f"no account {account!r}; create it with `gpupool account create {account}`")
+    if holder.disabled_at is not None:
+        raise Conflict(f"account {account!r} is disabled; `gpupool account enable {account}` first")
+    session.add(
+        IssuedToken(
+            jti=claims.jti,
+            account=account,
+            subject=sub,
+            role=role,
+            issued_at=claims.issued_at,
+            expires_at=claims.expires_at,
+        )
+    )
+    return token
+
+
+def revoke_token(session: Session, jti: str, *, by: str, reason: str | None, now: dt.datetime) -> tuple[IssuedToken, bool]:
+    """Mark a token revoked; the row, and whether this call revoked it (False: it already was)."""
+    token = session.get(IssuedToken, jti)
+    if token is None:
+        raise NotFound(f"no token with id {jti!r}; `gpupool token list --account ACCOUNT` shows them")
+    if token.revoked_at is not None:
+        return token, False
+    token.revoked_at, token.revoked_by, token.revoke_reason = now, by, reason
+    return token, True
+
+
+@dataclass(frozen=True)
+class TokenStanding:
+    """What the database says about one token: whose it is, and whether it may still be used."""
+
+    account: str
+    revoked: bool
+    account_disabled: bool
+
+
+def read_standing(session: Session, jti: str) -> TokenStanding | None:
+    """The token's standing in one query, or None when no token with that id was issued here."""
+    row = session.execute(
+        select(IssuedToken.account, IssuedToken.revoked_at, Account.disabled_at)
+        .join(Account, Account.name == IssuedToken.account)
+        .where(IssuedToken.jti == jti)
+    ).one_or_none()
+    if row is None:
+        return None
+    return TokenStanding(account=row.account, revoked=row.revoked_at is not None, account_disabled=row.disabled_at is not None)
+
+
+def require_good_standing(caller: Principal, standing: TokenStanding | None) -> None:
+    """Unauthorized unless the caller's token is recorded, unrevoked, and its account enabled."""
+    # A signed token the database does not know was not made by `gpupool token create`
+    # (another issuer holding the key, or a row since deleted): it cannot be revoked, so it is refused.
+    if standing is None or standing.account != caller.account:
+        raise Unauthorized("the token was not issued by this service; ask the operator for a new one", code="token_unknown")
+    if standing.revoked:
+        raise Unauthorized("the token has been revoked", code="token_revoked")
+    if standing.account_disabled:
+        raise Unauthorized(f"the account {caller.account} is disabled", code="account_disabled")
 
 
 def verify_token(settings: Settings, token: str, *, key: str | None = None) -> Principal:
@@ -111,7 +240,7 @@ def verify_token(settings: Settings, token: str, *, key: str | None = None) -> P
         raise Unauthorized("the token's signature does not verify") from exc
     except jwt.PyJWTError as exc:
         raise Unauthorized(f"the token is not valid: {exc}") from exc
-    account, role = claims.get("account"), claims.get("role", "customer")
+    account, role, jti = claims.get("account"), claims.get("role", "customer"), claims["jti"]
     if not isinstance(account, str) or not account:
         raise Unauthorized("the token lacks the required claim 'account'")
     if not ACCOUNT_NAME.match(account):
@@ -120,4 +249,9 @@ def verify_token(settings: Settings, token: str, *, key: str | None = None) -> P
         raise Unauthorized(f"unknown role {role!r} in token")
     if not isinstance(claims["sub"], str) or not 0 < len(claims["sub"]) <= MAX_SUBJECT_LENGTH:
         raise Unauthorized(f"the token's subject must be 1 to {MAX_SUBJECT_LENGTH} characters")
-    return Principal(sub=claims["sub"], account=account, role=role)
+    if not isinstance(jti, str) or not 0 < len(jti) <= JTI_LENGTH:
+        raise Unauthorized(f"the token's jti must be 1 to {JTI_LENGTH} characters")
+    # Lowering GPUPOOL_JWT_MAX_TTL_S also cuts off long-lived tokens already out there.
+    if claims["exp"] - claims["iat"] > settings.jwt_max_ttl_s:
+        raise Unauthorized("the token's lifetime is longer than this service allows")
+    return Principal(sub=claims["sub"], account=account, role=role, jti=jti, expires_at=claims["exp"])

@@ -7,19 +7,27 @@ Exit status: 0 on success, 1 when gpupool refuses or a dependency fails
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from billing.money import format_nanos
 from gpupool import db
 from gpupool.config import Settings, load_settings
-from gpupool.errors import GpupoolError
+from gpupool.containers import docker_runtime_refusal
+from gpupool.db_roles import ServiceRoles, apply_grants
+from gpupool.errors import ConfigError, GpupoolError
 from gpupool.models import ACCOUNT_NAME, Account
+from gpupool.runas import exec_lean_helper
 from gpupool.slurm import SlurmClient
-from gpupool.tokens import create_token
+from gpupool.tenants import ensure_tenant_folder, ensure_tenant_user
 from gpupool_cli.billing_cmds import add_billing_parsers
+from gpupool_cli.report_cmds import add_report_parsers
+from gpupool_cli.token_cmds import add_token_parsers
+from gpupool_cli.webhook_cmds import add_webhook_parsers
 
 
 def _account_name(value: str) -> str:
@@ -39,34 +47,71 @@ def _non_negative(value: str) -> int:
 
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
     engine = db.make_engine(settings.database_url)
-    db.upgrade(engine, args.revision)
+    roles = None
+    if settings.database_api_role:
+        roles = ServiceRoles(api=settings.database_api_role, billing=settings.database_billing_role)
+    # One transaction: no service role ever sees a new table before its grants.
+    with engine.begin() as connection:
+        db.upgrade(connection, args.revision)
+        if roles is not None:
+            apply_grants(connection, roles)
     print(f"database at revision {db.current_revision(engine)}")
+    if roles is not None:
+        print(f"granted roles {roles.api} (API) and {roles.billing} (billing) their privileges")
     return 0
 
 
 def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        raise ConfigError("account create must run as root: it creates the account's Unix user and Slurm association")
     engine = db.make_engine(settings.database_url)
     db.ensure_migrated(engine)
-    # Slurm first: an account that exists only in the database could take jobs Slurm refuses.
-    SlurmClient(settings).ensure_account(args.name, args.gpu_limit)
-    with db.make_session_factory(engine)() as session, session.begin():
+    session_factory = db.make_session_factory(engine)
+    with session_factory() as session:
+        existing = session.get(Account, args.name)
+        recorded_uid = existing.unix_uid if existing is not None else None
+        taken = {uid for uid in session.scalars(select(Account.unix_uid)) if uid is not None}
+    # Unix user and Slurm first: a database row alone could take jobs nobody can run.
+    tenant = ensure_tenant_user(settings, args.name, uid=recorded_uid, taken_uids=taken)
+    ensure_tenant_folder(settings, tenant)
+    SlurmClient(settings).ensure_account(args.name, args.gpu_limit, tenant.user)
+    with session_factory() as session, session.begin():
         account = session.get(Account, args.name)
         if account is None:
-            session.add(Account(name=args.name, gpu_limit=args.gpu_limit))
+            account = Account(name=args.name)
+            session.add(account)
             verb = "created"
         else:
-            account.gpu_limit = args.gpu_limit
             verb = "updated"
+        account.gpu_limit = args.gpu_limit
+        account.unix_user, account.unix_uid = tenant.user, tenant.uid
     limit = "no GPU limit" if args.gpu_limit is None else f"GrpTRES=gres/gpu={args.gpu_limit}"
-    print(f"account {args.name} {verb} ({limit}; Slurm user {settings.slurm_user})")
+    print(f"account {args.name} {verb} ({limit}; jobs run as Unix user {tenant.user}, uid {tenant.uid})")
+    with session_factory() as session:
+        account_count = session.scalar(select(func.count()).select_from(Account)) or 0
+    refusal = docker_runtime_refusal(settings, account_count)
+    if refusal is not None and verb == "created":
+        print(f"warning: {refusal}; jobs with a container_image are now refused (422 container_runtime_unsafe)", file=sys.stderr)
+    if verb == "created":
+        print(
+            "compute nodes need this user too: rerun the playbook's tenants step "
+            "(ansible-playbook site.yml --tags tenants)",
+            file=sys.stderr,
+        )
     return 0
 
 
-def cmd_account_list(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_account_list(settings: Settings, args: argparse.Namespace) -> int:
     engine = db.make_engine(settings.database_url)
     db.ensure_migrated(engine)
     with db.make_session_factory(engine)() as session:
-        for account in session.scalars(select(Account).order_by(Account.name)):
+        accounts = list(session.scalars(select(Account).order_by(Account.name)))
+        if args.json:
+            # What the playbook's tenants step reads to create the same users on every node.
+            rows = [{"account": a.name, "unix_user": a.unix_user, "unix_uid": a.unix_uid} for a in accounts]
+            print(json.dumps(rows))
+            return 0
+        for account in accounts:
             limit = "-" if account.gpu_limit is None else str(account.gpu_limit)
             credit = "-" if account.prepaid_credit_nanos is None else format_nanos(account.prepaid_credit_nanos)
             monthly = "-" if account.monthly_limit_nanos is None else format_nanos(account.monthly_limit_nanos)
@@ -74,17 +119,11 @@ def cmd_account_list(settings: Settings, _args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
-    print(
-        create_token(
-            settings,
-            sub=args.user,
-            account=args.account,
-            role="admin" if args.admin else "customer",
-            ttl_s=args.ttl,
-        )
-    )
-    return 0
+def cmd_runas_serve(settings: Settings, args: argparse.Namespace) -> int:
+    socket_path = args.socket or settings.runas_socket
+    if not socket_path:
+        raise ConfigError("give --socket or set runas_socket")
+    exec_lean_helper(socket_path, args.allow_user)
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -99,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     database = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
-    upgrade = database.add_parser("upgrade", help="apply migrations")
+    upgrade = database.add_parser(
+        "upgrade", help="apply migrations, then grant the API's and billing's roles (if set) their privileges"
+    )
     upgrade.add_argument("--revision", default="head")
     upgrade.set_defaults(handler=cmd_db_upgrade)
 
@@ -109,16 +150,20 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--gpu-limit", type=_non_negative, default=None, help="GPUs the account may hold at once")
     create.set_defaults(handler=cmd_account_create)
     listing = account.add_parser("list", help="list accounts")
+    listing.add_argument("--json", action="store_true", help="accounts and their Unix users as JSON")
     listing.set_defaults(handler=cmd_account_list)
     add_billing_parsers(sub, account)
+    add_token_parsers(sub, account, _account_name)
+    add_webhook_parsers(sub)
+    add_report_parsers(sub)
 
-    token = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
-    token_create = token.add_parser("create", help="print a signed JWT")
-    token_create.add_argument("--user", required=True)
-    token_create.add_argument("--account", required=True, type=_account_name)
-    token_create.add_argument("--admin", action="store_true")
-    token_create.add_argument("--ttl", type=int, default=None, help="lifetime in seconds")
-    token_create.set_defaults(handler=cmd_token_create)
+    runas = sub.add_parser("runas", help="the root helper that submits and cancels as tenants").add_subparsers(
+        dest="runas_command", required=True
+    )
+    runas_serve = runas.add_parser("serve", help="listen on the socket (root; the service user may connect)")
+    runas_serve.add_argument("--socket", default=None, help="socket path (default: the runas_socket setting)")
+    runas_serve.add_argument("--allow-user", action="append", default=[], help="another Unix user allowed to connect")
+    runas_serve.set_defaults(handler=cmd_runas_serve)
 
     serve = sub.add_parser("serve", help="run the API with the development server")
     serve.add_argument("--host", default="127.0.0.1")

@@ -10,78 +10,42 @@ from __future__ import annotations
 import datetime as dt
 import os
 import secrets
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy import Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import sessionmaker
 
 from gpupool import db
 from gpupool.config import Settings, load_settings
-from gpupool.errors import CommandFailed
-from gpupool.models import Account
-from gpupool.proc import run_command
 from gpupool.slurm import SlurmClient
 from gpupool.slurm_parse import parse_delimited
-from gpupool.tokens import create_token
+from gpupool.tokens import issue_token
+from tests.support.services import (
+    add_account_row,
+    cancel_account_jobs,
+    create_database,
+    drop_database,
+    slurm_cmd,
+    throwaway_slurm_account,
+    wait_for,
+)
+from tests.support.tenancy import job_root_for_tests, runas_helper
 
 REPO = Path(__file__).resolve().parent.parent
-PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("GPUPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 JWT_SECRET = "test-secret-" + "k" * 40
-
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T], *, timeout_s: float = 60, interval_s: float = 0.5, what: str = "condition") -> T:
-    """Poll ``probe`` until it returns something truthy; fail with the last value seen."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}; last value: {last!r}")
-
-
-def slurm_cmd(*argv: str, check: bool = True) -> str:
-    env = {"PATH": "/usr/bin:/bin", "TZ": "UTC", "LANG": "C.UTF-8"}
-    return run_command(list(argv), timeout_s=30, env=env, check=check).stdout
-
 
 def sacct_row(slurm_job_id: int, fields: str = "JobID,Account,AllocTRES,State,ExitCode,ElapsedRaw,Comment") -> dict[str, str]:
     """Slurm's accounting record of one allocation, keyed on sacct's header."""
     rows = parse_delimited(slurm_cmd("sacct", "-X", "-P", "-j", str(slurm_job_id), "-o", fields))
     return rows[0] if rows else {}
-
-
-def create_database(name: str) -> str:
-    admin = create_engine(db.normalize_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    engine.dispose()
-    return url
-
-
-def drop_database(name: str) -> None:
-    admin = create_engine(db.normalize_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -100,8 +64,16 @@ def pg_engine(pg_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="session")
-def job_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("jobs")
+def job_root() -> Iterator[Path]:
+    with job_root_for_tests() as root:
+        yield root
+
+
+@pytest.fixture(scope="session")
+def runas_socket(job_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The session's run-as helper: every test submit goes through its socket, as in production."""
+    with runas_helper(job_root, tmp_path_factory.mktemp("runas")) as socket_path:
+        yield socket_path
 
 
 def base_settings(**overrides: Any) -> Settings:
@@ -115,42 +87,13 @@ def base_settings(**overrides: Any) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def session_settings(pg_url: str, job_root: Path) -> Settings:
-    return base_settings(database_url=pg_url, job_root=str(job_root))
+def session_settings(pg_url: str, job_root: Path, runas_socket: str) -> Settings:
+    return base_settings(database_url=pg_url, job_root=str(job_root), runas_socket=runas_socket)
 
 
 @pytest.fixture(scope="session")
 def slurm(session_settings: Settings) -> SlurmClient:
     return SlurmClient(session_settings)
-
-
-def cancel_account_jobs(account: str) -> None:
-    slurm_cmd("scancel", f"--account={account}", check=False)
-
-    def drained() -> bool:
-        return not slurm_cmd("squeue", "-h", f"--account={account}", "-t", "PENDING,RUNNING,COMPLETING").strip()
-
-    wait_for(drained, timeout_s=60, what=f"jobs of {account} to leave the queue")
-
-
-@contextmanager
-def throwaway_slurm_account(slurm: SlurmClient, prefix: str, gpu_limit: int = 4) -> Iterator[str]:
-    """A new Slurm account; its jobs are cancelled and it is deleted afterwards."""
-    name = f"{prefix}{secrets.token_hex(4)}"
-    slurm.ensure_account(name, gpu_limit)
-    try:
-        yield name
-    finally:
-        cancel_account_jobs(name)
-        try:
-            slurm_cmd("sacctmgr", "-i", "delete", "account", name)
-        except CommandFailed:
-            pass  # accounts with job records may be kept by slurmdbd; harmless
-
-
-def add_account_row(session_factory: sessionmaker, name: str) -> None:
-    with session_factory() as session, session.begin():
-        session.add(Account(name=name, gpu_limit=4))
 
 
 @pytest.fixture(scope="session")
@@ -169,9 +112,17 @@ def db_connection(pg_engine: Engine) -> Iterator[Connection]:
     connection.close()
 
 
+# The running test's rolled-back session factory, if it has one: recorded_token()
+# writes there, so a test's tokens vanish with its other rows.
+_test_session_factories: list[sessionmaker] = []
+
+
 @pytest.fixture
-def session_factory(db_connection: Connection) -> sessionmaker:
-    return db.make_session_factory(db_connection, join_transaction_mode="create_savepoint")
+def session_factory(db_connection: Connection) -> Iterator[sessionmaker]:
+    factory = db.make_session_factory(db_connection, join_transaction_mode="create_savepoint")
+    _test_session_factories.append(factory)
+    yield factory
+    _test_session_factories.remove(factory)
 
 
 @pytest.fixture
@@ -197,8 +148,25 @@ def create_app_for_tests(settings: Settings, slurm: SlurmClient, session_factory
     return create_app(settings, slurm=slurm, session_factory=session_factory)
 
 
+def recorded_token(settings: Settings, account: str, *, sub: str = "alice", role: str = "customer", ttl_s: int = 3600) -> str:
+    """A token the API accepts: signed and recorded, as `gpupool token create` does.
+
+    Recorded through the running test's rolled-back session factory when it has
+    one, otherwise committed to ``settings.database_url`` (tests that own their database).
+    """
+    if _test_session_factories:
+        with _test_session_factories[-1]() as session, session.begin():
+            return issue_token(session, settings, sub=sub, account=account, role=role, ttl_s=ttl_s)
+    engine = db.make_engine(settings.database_url)
+    try:
+        with db.make_session_factory(engine)() as session, session.begin():
+            return issue_token(session, settings, sub=sub, account=account, role=role, ttl_s=ttl_s)
+    finally:
+        engine.dispose()
+
+
 def bearer(settings: Settings, account: str, *, sub: str = "alice", role: str = "customer", ttl_s: int = 3600) -> dict[str, str]:
-    return {"Authorization": "Bearer " + create_token(settings, sub=sub, account=account, role=role, ttl_s=ttl_s)}
+    return {"Authorization": "Bearer " + recorded_token(settings, account, sub=sub, role=role, ttl_s=ttl_s)}
 
 
 @pytest.fixture

@@ -1,40 +1,89 @@
 #!/usr/bin/env bash
 # `make run`: the API on 127.0.0.1:5000 against the local cluster, with SQLite,
-# a demo account and a token. Everything it writes lives under ./var.
+# a demo account and a token, in the same model as production:
+#   - gunicorn and billing run as the service user (`gpupool` when this script
+#     runs as root, else you), never as root, with no way to gain privileges;
+#   - a root run-as helper submits and cancels as the account's tenant user, so
+#     the demo account's jobs run as `gp-demo`;
+#   - `gpupool account create` runs as root, since it creates that Unix user.
+# State lives under ./var; job folders under /var/lib/gpupool/jobs, which
+# tenants can reach wherever this checkout is.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=${VENV:-.venv}
 port=${GPUPOOL_PORT:-5000}
 
-mkdir -p var/jobs
+if [ "$(id -u)" -eq 0 ]; then
+  as_root=()
+  service_user=${GPUPOOL_SERVICE_USER:-gpupool}
+else
+  as_root=(sudo)
+  service_user=$(id -un)
+fi
+if ! id -u "$service_user" >/dev/null 2>&1; then
+  echo "run-demo: the service user $service_user does not exist; run 'make cluster' first" >&2
+  exit 1
+fi
+service_group=$(id -gn "$service_user")
+as_service=(setpriv "--reuid=$service_user" "--regid=$service_group" --init-groups --no-new-privs -- env "HOME=$PWD/var")
+if ! "${as_root[@]}" "${as_service[@]}" test -r "$PWD/api/__init__.py" -a -x "$PWD/$venv/bin/gunicorn"; then
+  echo "run-demo: the service user $service_user cannot read $PWD; clone gpupool where it can (for example under /opt or /srv), or run make as a normal user with sudo" >&2
+  exit 1
+fi
+
+socket_dir=/run/gpupool-demo-$port
+export GPUPOOL_DATABASE_URL=${GPUPOOL_DATABASE_URL:-sqlite:///$PWD/var/gpupool.db}
+export GPUPOOL_RATELIMIT_STORAGE_URI=${GPUPOOL_RATELIMIT_STORAGE_URI:-memory://}
+export GPUPOOL_JOB_ROOT=${GPUPOOL_JOB_ROOT:-/var/lib/gpupool/jobs}
+export GPUPOOL_SERVICE_USER=$service_user GPUPOOL_SERVICE_GROUP=$service_group
+export GPUPOOL_RUNAS_SOCKET=$socket_dir/runas.sock
+gpupool_env=(GPUPOOL_DATABASE_URL GPUPOOL_RATELIMIT_STORAGE_URI GPUPOOL_JOB_ROOT GPUPOOL_SERVICE_USER
+             GPUPOOL_SERVICE_GROUP GPUPOOL_RUNAS_SOCKET)
+root_env=(env PATH=/usr/sbin:/usr/bin:/sbin:/bin)
+for name in "${gpupool_env[@]}"; do root_env+=("$name=${!name}"); done
+
+mkdir -p var
+"${as_root[@]}" chown -R "$service_user:$service_group" var
 chmod 0750 var
 if [ ! -s var/jwt-secret ]; then
-  (umask 077; "$venv/bin/python" -c 'import secrets; print(secrets.token_urlsafe(48))' > var/jwt-secret)
+  "${as_service[@]}" sh -c 'umask 077; exec "$0" -c "import secrets; print(secrets.token_urlsafe(48))" > var/jwt-secret' "$venv/bin/python"
 fi
-export GPUPOOL_DATABASE_URL=${GPUPOOL_DATABASE_URL:-sqlite:///$PWD/var/gpupool.db}
-export GPUPOOL_JWT_SECRET=${GPUPOOL_JWT_SECRET:-$(cat var/jwt-secret)}
-export GPUPOOL_RATELIMIT_STORAGE_URI=${GPUPOOL_RATELIMIT_STORAGE_URI:-memory://}
-export GPUPOOL_JOB_ROOT=${GPUPOOL_JOB_ROOT:-$PWD/var/jobs}
+# The secret reaches gunicorn through its environment, which no tenant can read (another uid).
+GPUPOOL_JWT_SECRET=${GPUPOOL_JWT_SECRET:-$("${as_root[@]}" cat var/jwt-secret)}
+export GPUPOOL_JWT_SECRET
 
-"$venv/bin/gpupool" db upgrade
-"$venv/bin/gpupool" account create demo --gpu-limit 4
-token=$("$venv/bin/gpupool" token create --user demo-user --account demo --ttl 86400)
-if [ -z "$("$venv/bin/gpupool" price list)" ]; then
-  "$venv/bin/gpupool" price set '*' 0.00012 --from 2020-01-01   # every GPU type, per GPU-second
+"${as_service[@]}" "$venv/bin/gpupool" db upgrade
+
+children=()
+cleanup() {
+  for pid in "${children[@]}"; do "${as_root[@]}" kill "$pid" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+"${as_root[@]}" "${root_env[@]}" "$venv/bin/gpupool" runas serve --socket "$GPUPOOL_RUNAS_SOCKET" \
+  >> var/runas.log 2>&1 &
+children+=($!)
+
+# Root: it creates the demo account's Unix user gp-demo and its Slurm association.
+"${as_root[@]}" "${root_env[@]}" "$venv/bin/gpupool" account create demo --gpu-limit 4
+"${as_root[@]}" chown -R "$service_user:$service_group" var   # SQLite's WAL files, if root made them
+token=$("${as_service[@]}" "$venv/bin/gpupool" token create --user demo-user --account demo --ttl 86400)
+if [ -z "$("${as_service[@]}" "$venv/bin/gpupool" price list)" ]; then
+  "${as_service[@]}" "$venv/bin/gpupool" price set '*' 0.00012 --from 2020-01-01   # every GPU type, per GPU-second
 fi
-# What cron or the systemd timer does in production, every minute here; it ends
-# with this script's process, which becomes gunicorn below.
-(while kill -0 $$ 2>/dev/null; do
-   sleep 60
-   "$venv/bin/gpupool" billing run >> var/billing.log 2>&1 || true
- done) &
+# What cron or the systemd timer does in production, every minute here.
+"${as_service[@]}" sh -c 'while sleep 60; do "$0" billing run || true; done' "$venv/bin/gpupool" >> var/billing.log 2>&1 &
+children+=($!)
 
 cat <<MSG
 
-gpupool is starting on http://127.0.0.1:$port (Ctrl-C stops it).
+gpupool is starting on http://127.0.0.1:$port (Ctrl-C stops it). gunicorn and
+billing run as $service_user; the demo account's jobs run as gp-demo.
 
 Demo token (account "demo", valid 24 h):
   export TOKEN=$token
+
+Or open the dashboard at http://127.0.0.1:$port/ui/ and paste that token to sign in.
 
 Submit a job:
   curl -s -X POST http://127.0.0.1:$port/submit -H "Authorization: Bearer \$TOKEN" \\
@@ -51,5 +100,7 @@ Billing runs every minute (var/billing.log); then see the month's usage and invo
 
 MSG
 # One worker: memory:// rate-limit storage is per process (use redis:// for more).
-exec "$venv/bin/gunicorn" --workers 1 --worker-class gthread --threads 8 --timeout 30 \
-  --bind "127.0.0.1:$port" 'api:create_app()'
+"${as_service[@]}" "$venv/bin/gunicorn" --workers 1 --worker-class gthread --threads 8 --timeout 30 \
+  --bind "127.0.0.1:$port" 'api:create_app()' &
+children+=($!)
+wait "${children[-1]}"

@@ -4,6 +4,9 @@ from gpupool.db import Base
 from gpupool.models.accounts import ACCOUNT_NAME, Account
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
 from gpupool.models.jobs import TERMINAL_STATES, Job, SlurmSync
+from gpupool.models.report import NodeCost
+from gpupool.models.tokens import IssuedToken
+from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 
 __all__ = [
     "ACCOUNT_NAME",
@@ -13,8 +16,14 @@ __all__ = [
     "Base",
     "BillingPass",
     "BillingState",
+    "IssuedToken",
     "Job",
     "LedgerEntry",
+    "NodeCost",
     "Price",
     "SlurmSync",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEvent",
 ]

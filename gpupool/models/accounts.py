@@ -3,7 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from sqlalchemy import BigInteger, Integer, String
+from sqlalchemy import BigInteger, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpupool.db import Base, UTCDateTime, utcnow
@@ -16,6 +16,8 @@ class Account(Base):
     """A customer account; mirrors a Slurm account of the same name."""
 
     __tablename__ = "accounts"
+    # One uid per tenant on every host: the playbook creates users from these rows.
+    __table_args__ = (Index("uq_accounts_unix_uid", "unix_uid", unique=True),)
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     gpu_limit: Mapped[int | None] = mapped_column(Integer)
@@ -23,3 +25,8 @@ class Account(Base):
     # Budgets, in nano-units: total prepaid credit granted, and a spend cap per UTC month.
     prepaid_credit_nanos: Mapped[int | None] = mapped_column(BigInteger)
     monthly_limit_nanos: Mapped[int | None] = mapped_column(BigInteger)
+    # The Unix user every job of the account runs as (gpupool.tenants).
+    unix_user: Mapped[str | None] = mapped_column(String(32))
+    unix_uid: Mapped[int | None] = mapped_column(Integer)
+    # Set by `gpupool account disable`: its tokens are refused from then on.
+    disabled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)

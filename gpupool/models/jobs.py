@@ -11,6 +11,9 @@ from gpupool.render import job_tag
 
 # The row exists but sbatch has not (yet) confirmed a Slurm job id.
 SUBMITTING = "SUBMITTING"
+# gpupool's verdict, not a Slurm state: neither squeue nor sacct has answered for the job
+# in ``unknown_after_s`` (sacct purged it, or slurmdbd never got it). It ends the job's tracking.
+UNKNOWN = "UNKNOWN"
 TERMINAL_STATES = frozenset(
     {
         "COMPLETED",
@@ -35,6 +38,8 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("account", "owner", "idempotency_key", name="uq_jobs_idempotency"),
         Index("ix_jobs_account_created", "account", "created_at", "id"),
+        # GET /jobs?state=...: one range per state, already in page order.
+        Index("ix_jobs_account_state_created", "account", "state", "created_at", "id"),
         Index("ix_jobs_unfinished", "finished", "state"),
     )
 
@@ -67,6 +72,8 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str] = mapped_column(String(64))
     submit_attempted_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    # When squeue or sacct last answered for the job (to within 1% of unknown_after_s); None: not since submission.
+    last_seen_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

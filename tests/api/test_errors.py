@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 
 import jwt
@@ -14,7 +15,7 @@ from werkzeug.test import TestResponse
 from gpupool.config import Settings
 from gpupool.slurm import SlurmClient
 from gpupool.tokens import create_token
-from tests.conftest import bearer, create_app_for_tests, slurm_cmd
+from tests.conftest import bearer, create_app_for_tests, recorded_token, slurm_cmd
 
 HELLO = {"template": "hello", "gpus": 1, "params": {"message": "hi", "seconds": 0}}
 
@@ -140,8 +141,10 @@ def test_container_image_must_be_on_the_allowlist(
     assert refused["allowed"] == ["nvcr.io#nvidia/*"]
 
 
-def test_unknown_account_is_forbidden(client: FlaskClient, settings: Settings) -> None:
-    assert_error(client.post("/submit", headers=bearer(settings, "ghost"), json=HELLO), 403, "forbidden")
+def test_token_for_an_unknown_account_is_refused(client: FlaskClient, settings: Settings) -> None:
+    # `token create` refuses such an account, so only a token signed elsewhere can name one.
+    ghost = create_token(settings, sub="alice", account="ghost")
+    assert_error(client.post("/submit", headers={"Authorization": f"Bearer {ghost}"}, json=HELLO), 401, "token_unknown")
 
 
 def test_jobs_of_other_accounts_are_invisible(
@@ -199,4 +202,13 @@ def test_tokens_from_the_cli_helper_work_until_they_expire(client: FlaskClient, 
     past = dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)
     stale = create_token(settings, sub="alice", account=account, ttl_s=60, now=past)
     body = assert_error(client.get("/jobs", headers={"Authorization": f"Bearer {stale}"}), 401, "token_expired")
+    assert "expired" in body["message"]
+
+
+def test_a_token_verified_while_valid_is_refused_once_it_expires(client: FlaskClient, settings: Settings, account: str) -> None:
+    # Verified claims are reused for token_check_cache_s (5 s here), but never past the token's own expiry.
+    headers = {"Authorization": "Bearer " + recorded_token(settings, account, ttl_s=2)}
+    assert client.get("/jobs", headers=headers).status_code == 200
+    time.sleep(3)
+    body = assert_error(client.get("/jobs", headers=headers), 401, "token_expired")
     assert "expired" in body["message"]

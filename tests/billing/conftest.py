@@ -87,9 +87,11 @@ def _prepare(url: str, archive: Path) -> LedgerDb:
 
 
 @pytest.fixture(scope="module")
-def pg_ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerDb]:
+def pg_ledger(tmp_path_factory: pytest.TempPathFactory, job_root: Path, runas_socket: str) -> Iterator[LedgerDb]:
     name = f"gpupool_bill_{secrets.token_hex(4)}"
     ledger = _prepare(create_database(name), tmp_path_factory.mktemp("archive"))
+    # API jobs of these tests run as their tenant, through the session's run-as helper.
+    ledger.settings = ledger.settings.replace(job_root=str(job_root), runas_socket=runas_socket)
     yield ledger
     ledger.engine.dispose()
     drop_database(name)

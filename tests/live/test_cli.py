@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import grp
+import json
+import pwd
 import secrets
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,19 +15,25 @@ from pathlib import Path
 import pytest
 
 from gpupool import db
+from gpupool.models import Account
 from gpupool.tokens import verify_token
 from tests.conftest import JWT_SECRET, REPO, base_settings, slurm_cmd
+from tests.support.services import TENANT_PREFIX
+from tests.support.tenancy import SERVICE_USER
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 
 
-def run_cli(*args: str, database_url: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, database_url: str, job_root: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
         "GPUPOOL_DATABASE_URL": database_url,
         "GPUPOOL_JWT_SECRET": JWT_SECRET,
         "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
+        "GPUPOOL_SERVICE_GROUP": SERVICE_USER,
     }
+    if job_root is not None:
+        env["GPUPOOL_JOB_ROOT"] = str(job_root)
     return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -37,22 +47,35 @@ def new_account() -> Iterator[str]:
     name = f"c{secrets.token_hex(4)}"
     yield name
     slurm_cmd("sacctmgr", "-i", "delete", "account", name, check=False)
+    slurm_cmd("/usr/sbin/userdel", TENANT_PREFIX + name, check=False)
+    slurm_cmd("/usr/sbin/groupdel", TENANT_PREFIX + name, check=False)
 
 
-def test_account_create_makes_the_slurm_account_association_and_gpu_limit(sqlite_url: str, new_account: str) -> None:
+def test_account_create_makes_the_tenant_user_slurm_association_and_gpu_limit(
+    sqlite_url: str, new_account: str, job_root: Path
+) -> None:
     assert run_cli("db", "upgrade", database_url=sqlite_url).returncode == 0
-    created = run_cli("account", "create", new_account, "--gpu-limit", "2", database_url=sqlite_url)
+    created = run_cli("account", "create", new_account, "--gpu-limit", "2", database_url=sqlite_url, job_root=job_root)
     assert created.returncode == 0, created.stderr
     assert f"account {new_account} created" in created.stdout
+    tenant = TENANT_PREFIX + new_account
+    user = pwd.getpwnam(tenant)
+    assert 200_000 <= user.pw_uid <= 299_999 and user.pw_shell == "/usr/sbin/nologin"
+    assert tenant in grp.getgrnam("gpupool-tenants").gr_mem
+    folder = (job_root / new_account).stat()
+    assert (folder.st_uid, grp.getgrgid(folder.st_gid).gr_name, stat.S_IMODE(folder.st_mode)) == (user.pw_uid, SERVICE_USER, 0o2750)
 
+    # The tenant alone has an association: not root, not the service.
     rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres").split()
-    assert f"{new_account}||gres/gpu=2" in rows
-    assert f"{new_account}|root|" in rows
+    assert sorted(rows) == sorted([f"{new_account}||gres/gpu=2", f"{new_account}|{tenant}|"])
+    listed = json.loads(run_cli("account", "list", "--json", database_url=sqlite_url).stdout)
+    assert {"account": new_account, "unix_user": tenant, "unix_uid": user.pw_uid} in listed
 
-    again = run_cli("account", "create", new_account, "--gpu-limit", "3", database_url=sqlite_url)
+    again = run_cli("account", "create", new_account, "--gpu-limit", "3", database_url=sqlite_url, job_root=job_root)
     assert again.returncode == 0 and "updated" in again.stdout
     rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres").split()
     assert f"{new_account}||gres/gpu=3" in rows
+    assert pwd.getpwnam(tenant).pw_uid == user.pw_uid  # same user, same uid
     listed = run_cli("account", "list", database_url=sqlite_url)
     assert f"{new_account}\tgpu_limit=3\tcredit=-\tmonthly_limit=-" in listed.stdout.splitlines()
 
@@ -83,6 +106,9 @@ def test_commands_refuse_an_unmigrated_database(sqlite_url: str) -> None:
 
 
 def test_token_create_prints_a_verifiable_token(sqlite_url: str) -> None:
+    assert run_cli("db", "upgrade", database_url=sqlite_url).returncode == 0
+    with db.make_session_factory(db.make_engine(sqlite_url))() as session, session.begin():
+        session.add(Account(name="acme"))  # a token needs the database row only
     result = run_cli("token", "create", "--user", "ops", "--account", "acme", "--admin", "--ttl", "120", database_url=sqlite_url)
     assert result.returncode == 0, result.stderr
     token = result.stdout.strip()

@@ -15,21 +15,23 @@ from sqlalchemy import create_engine, text
 
 from gpupool import db
 from gpupool.config import Settings
-from gpupool.tokens import create_token
-from tests.conftest import PG_ADMIN_URL, REDIS_URL, REPO, base_settings, slurm_cmd, wait_for
-from tests.live.conftest import Server, counting_bin_dir, http, slurm_calls
+from tests.conftest import REDIS_URL, REPO, base_settings, recorded_token, slurm_cmd, wait_for
+from tests.live.conftest import Server, http
+from tests.support.http import counting_bin_dir, slurm_calls
+from tests.support.services import PG_ADMIN_URL
 
 HELLO = {"template": "hello", "gpus": 1, "params": {"message": "hi", "seconds": 0}}
 
 
 @pytest.fixture
-def settings() -> Settings:
-    return base_settings()
+def settings(live_db: str) -> Settings:
+    """The servers' database: tokens are recorded where the API looks them up."""
+    return base_settings(database_url=f"postgresql://postgres@127.0.0.1:5432/{live_db}")
 
 
 def token_for(settings: Settings, account: str) -> str:
     # A fresh subject per test, so rate-limit counters in Redis never carry over.
-    return create_token(settings, sub=f"user-{secrets.token_hex(4)}", account=account)
+    return recorded_token(settings, account, sub=f"user-{secrets.token_hex(4)}")
 
 
 def test_rate_limit_holds_across_four_workers(
@@ -262,7 +264,13 @@ def test_stopped_slurmctld_gives_503_then_works_without_a_restart(
 
 
 def test_gunicorn_reads_a_config_file_named_by_gpupool_config(
-    start_server: Callable[..., Server], settings: Settings, slurm_account: str, live_db: str, tmp_path: Path
+    start_server: Callable[..., Server],
+    settings: Settings,
+    slurm_account: str,
+    live_db: str,
+    tmp_path: Path,
+    job_root: Path,
+    runas_socket: str,
 ) -> None:
     config = tmp_path / "gpupool.toml"
     config.write_text(
@@ -273,7 +281,8 @@ ratelimit_storage_uri = "{REDIS_URL}"
 ratelimit_default = "3/minute"
 slurm_bin_dir = "/usr/bin"
 templates_dir = "{REPO / 'slurm_templates'}"
-job_root = "{tmp_path / 'jobs'}"
+job_root = "{job_root}"
+runas_socket = "{runas_socket}"
 """
     )
     server = start_server(config_file=config, workers=2)

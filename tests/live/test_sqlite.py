@@ -9,7 +9,7 @@ from gpupool.models import Account
 from tests.conftest import base_settings, bearer, sacct_row, utc, wait_for_state
 
 
-def test_submit_and_follow_a_job_on_sqlite(tmp_path: Path, slurm_account: str) -> None:
+def test_submit_and_follow_a_job_on_sqlite(tmp_path: Path, slurm_account: str, job_root: Path, runas_socket: str) -> None:
     from api import create_app
 
     url = f"sqlite:///{tmp_path}/gpupool.db"
@@ -17,7 +17,7 @@ def test_submit_and_follow_a_job_on_sqlite(tmp_path: Path, slurm_account: str) -
     db.upgrade(engine)
     with db.make_session_factory(engine)() as session, session.begin():
         session.add(Account(name=slurm_account, gpu_limit=4))
-    settings = base_settings(database_url=url, job_root=str(tmp_path / "jobs"))
+    settings = base_settings(database_url=url, job_root=str(job_root), runas_socket=runas_socket)
     client = create_app(settings).test_client()
     headers = bearer(settings, slurm_account)
 
@@ -26,5 +26,6 @@ def test_submit_and_follow_a_job_on_sqlite(tmp_path: Path, slurm_account: str) -
     done = wait_for_state(client, created.get_json()["job_id"], headers, {"COMPLETED"})
     assert done["exit_code"] == 0
     assert utc(done["ended_at"]).tzinfo is not None
-    assert sacct_row(done["slurm_job_id"])["Account"] == slurm_account
+    record = sacct_row(done["slurm_job_id"], "Account,User")
+    assert (record["Account"], record["User"]) == (slurm_account, "gp-" + slurm_account)
     assert "sqlite" in client.get(f"/jobs/{done['job_id']}/logs", headers=headers).get_data(as_text=True)

@@ -204,4 +204,4 @@ def test_settings_are_frozen() -> None:
 
 def test_replace_validates() -> None:
     with pytest.raises(ConfigError):
-        Settings(slurm_user="x").replace(container_runtime="lxc")
+        Settings(service_user="x").replace(container_runtime="lxc")

@@ -18,7 +18,10 @@ an option to sbatch fails here.
 from __future__ import annotations
 
 import dataclasses
+import shlex
+import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -216,7 +219,13 @@ BASE_FLAGS = [
     "--error",
     "--comment",
 ]
-CONTAINER_FLAGS = ["--container-image", "--container-mounts", "--container-workdir"]
+CONTAINER_FLAGS = [
+    "--container-image",
+    "--container-mounts",
+    "--container-workdir",
+    "--no-container-mount-home",
+    "--no-container-remap-root",
+]
 
 
 def _flags(options: Sequence[str]) -> list[str]:
@@ -338,7 +347,8 @@ def test_docker_body_is_a_quoted_heredoc(hello: Template) -> None:
     script = render(make_spec(hello, "docker")).script
     lines = script.split("\n")
     opener = next(line for line in lines if "<<'" in line)
-    delimiter = opener.rsplit("<<'", 1)[1].rstrip("'")
+    assert opener.endswith("' &")  # in the background, so the shell can wait and trap signals
+    delimiter = opener.rsplit("<<'", 1)[1].removesuffix("' &")
     assert delimiter.startswith("GPUPOOL_BODY_")
     assert lines.count(delimiter) == 1
     body_lines = lines[lines.index(opener) + 1 : lines.index(delimiter)]
@@ -523,7 +533,13 @@ def test_every_rendering_is_valid_bash(shipped_templates: dict[str, Template], t
     assert checked.returncode == 0, checked.stderr
 
 
-def test_docker_runtime_runs_the_body_inside_the_container(hello: Template, tmp_path: Path) -> None:
+# The batch environment of a job granted host GPUs 1 and 3: inside its device cgroup
+# Slurm numbers them 0 and 1.
+SLURM_BATCH_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_GPUS_ON_NODE": "2"}
+
+
+def recording_docker(tmp_path: Path, run_body: str = "cat > \"$record/stdin\"\n") -> tuple[Path, Path]:
+    """A ``docker`` on PATH that writes each call's argv to <record>/<n>-<subcommand>; ``run`` also runs ``run_body``."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     record = tmp_path / "docker"
@@ -531,19 +547,35 @@ def test_docker_runtime_runs_the_body_inside_the_container(hello: Template, tmp_
     docker = fake_bin / "docker"
     docker.write_text(
         "#!/bin/bash\n"
-        f'printf "%s\\n" "$@" > {record}/argv\n'
-        f"cat > {record}/stdin\n"
-        f'printf "%s" "$GPUPOOL_PARAM_MESSAGE" > {record}/message\n'
+        f"record={record}\n"
+        'call="$record/$(ls "$record" | grep -c -- -)-$1"\n'
+        'printf "%s\\n" "$@" > "$call"\n'
+        'if [[ $1 == run ]]; then\n'
+        'printf "%s" "$GPUPOOL_PARAM_MESSAGE" > "$record/message"\n'
+        f"{run_body}"
+        "fi\n"
     )
     docker.chmod(0o755)
+    return fake_bin, record
+
+
+def docker_calls(record: Path) -> list[list[str]]:
+    calls = sorted((path for path in record.iterdir() if "-" in path.name), key=lambda path: int(path.name.split("-")[0]))
+    return [path.read_text().splitlines() for path in calls]
+
+
+def test_docker_runtime_runs_the_body_inside_the_container(hello: Template, tmp_path: Path) -> None:
+    fake_bin, record = recording_docker(tmp_path)
     script = tmp_path / "job.sbatch"
     script.write_text(render(spec_for(hello, "docker", str(tmp_path))).script)
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "1,3", "SLURM_GPUS_ON_NODE": "2"}
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", **SLURM_BATCH_ENV}
     subprocess.run(["/bin/bash", str(script)], env=env, check=True, timeout=30)
 
-    argv = (record / "argv").read_text().splitlines()
-    assert argv[argv.index("--gpus") + 1] == '"device=1,3"'  # only the GPUs Slurm allocated
+    argv, remove = docker_calls(record)
+    assert argv[argv.index("--gpus") + 1] == '"device=1,3"'  # the host's indices, not the job's 0,1
     assert argv[-3:] == ["nvcr.io#nvidia/pytorch:24.01-py3", "/bin/bash", "-s"]
+    # Removed on the way out too, whether or not --rm already did.
+    assert remove == ["rm", "--force", "gpupool-4242"]
     passed = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--env"}
     assert {"GPUPOOL_PARAM_MESSAGE", "GPUPOOL_PARAM_SECONDS", "SLURM_GPUS_ON_NODE"} <= passed
     assert "CUDA_VISIBLE_DEVICES" not in passed  # renumbered from 0 inside the container
@@ -552,10 +584,101 @@ def test_docker_runtime_runs_the_body_inside_the_container(hello: Template, tmp_
 
 
 def test_docker_runtime_refuses_to_run_without_allocated_gpus(hello: Template, tmp_path: Path) -> None:
+    fake_bin, record = recording_docker(tmp_path)
     script = tmp_path / "job.sbatch"
     script.write_text(render(spec_for(hello, "docker", str(tmp_path))).script)
-    result = subprocess.run(
-        ["/bin/bash", str(script)], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=False, timeout=30
-    )
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "CUDA_VISIBLE_DEVICES": "0"}
+    result = subprocess.run(["/bin/bash", str(script)], env=env, capture_output=True, text=True, check=False, timeout=30)
     assert result.returncode != 0
-    assert "no GPUs allocated" in result.stderr
+    assert "no GPUs allocated: Slurm set no SLURM_JOB_GPUS" in result.stderr
+    assert docker_calls(record) == []  # never on a job-relative index, never on every GPU
+
+
+def test_docker_runtime_runs_only_under_slurm(hello: Template, tmp_path: Path) -> None:
+    fake_bin, record = recording_docker(tmp_path)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(spec_for(hello, "docker", str(tmp_path))).script)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURM_JOB_GPUS": "0"}
+    result = subprocess.run(["/bin/bash", str(script)], env=env, capture_output=True, text=True, check=False, timeout=30)
+    assert result.returncode != 0
+    assert "SLURM_JOB_ID is unset" in result.stderr
+    assert docker_calls(record) == []
+
+
+def _docker_run_argv(script: str) -> list[str]:
+    """The words of the rendered ``docker run`` command, as bash splits them before expansion."""
+    lines = script.split("\n")
+    start = next(index for index, line in enumerate(lines) if line.startswith("docker run "))
+    end = next(index for index in range(start, len(lines)) if not lines[index].endswith("\\"))
+    command = " ".join(line.removesuffix("\\").strip() for line in lines[start : end + 1])
+    return shlex.split(command.split(" <<'", 1)[0])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--rm", None),
+        ("--init", None),
+        ("--user", "$(id -u):$(id -g)"),  # the job runs as the tenant: its uid, never root
+        ("--security-opt", "no-new-privileges"),
+        ("--cap-drop", "ALL"),
+        ("--gpus", '"device=$gpupool_gpus"'),
+        ("--name", "$gpupool_container"),
+        ("--label", "gpupool.slurm_job_id=$SLURM_JOB_ID"),  # what the node's Epilog removes by
+        ("--cpus", "4"),
+        ("--memory", "16g"),
+    ],
+)
+def test_docker_run_is_confined(hello: Template, flag: str, value: str | None) -> None:
+    argv = _docker_run_argv(render(make_spec(hello, "docker")).script)
+    assert flag in argv
+    if value is not None:
+        assert value in [argv[i + 1] for i, arg in enumerate(argv) if arg == flag]
+
+
+@pytest.mark.parametrize("flag", ["--privileged", "--cap-add", "--pid", "--network", "--device", "--security-opt=seccomp=unconfined"])
+def test_docker_run_grants_nothing_extra(hello: Template, flag: str) -> None:
+    argv = _docker_run_argv(render(make_spec(hello, "docker")).script)
+    assert not [arg for arg in argv if arg == flag or arg.startswith(flag + "=")]
+    assert "-v" not in argv and "/var/run/docker.sock" not in " ".join(argv)
+
+
+def test_docker_script_traps_exit_and_the_signals_slurm_sends(hello: Template, tmp_path: Path) -> None:
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(spec_for(hello, "docker", str(tmp_path))).script)
+    # bash -n for the syntax; then `trap -p` at the point docker would start shows what is installed.
+    subprocess.run(["/bin/bash", "-n", str(script)], check=True, timeout=30)
+    text = script.read_text()
+    prelude = text[: text.index("docker run ")] + "trap -p\n"
+    shown = subprocess.run(
+        ["/bin/bash", "-c", prelude], env={"PATH": "/usr/bin:/bin", **SLURM_BATCH_ENV}, capture_output=True, text=True, check=True, timeout=30
+    ).stdout.splitlines()
+    assert "trap -- 'gpupool_remove_container' EXIT" in shown
+    assert "trap -- 'exit 143' SIGTERM" in shown
+    assert "trap -- 'exit 130' SIGINT" in shown
+
+
+def test_docker_container_is_removed_when_the_job_is_cancelled(hello: Template, tmp_path: Path) -> None:
+    # `docker run` stands still until killed, like a long job; then the batch shell gets the
+    # SIGTERM slurmstepd sends at scancel or at the time limit.
+    fake_bin, record = recording_docker(tmp_path, run_body='touch "$record/started"\nexec sleep 600\n')
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(spec_for(hello, "docker", str(tmp_path))).script)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", **SLURM_BATCH_ENV}
+    job = subprocess.Popen(["/bin/bash", str(script)], env=env)
+    try:
+        wait_for_file(record / "started")
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=30) == 143
+    finally:
+        job.kill()
+    run, remove = docker_calls(record)
+    assert run[0] == "run"
+    assert remove == ["rm", "--force", "gpupool-4242"]
+
+
+def wait_for_file(path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpupool.errors import ConfigError, ValidationFailed
-from gpupool.templates import Template, load_template, load_templates
+from gpupool.render import JobSpec, param_env_name, render, shell_quote
+from gpupool.templates import RELATIVE_PATH_FORMAT, RELATIVE_PATH_PATTERN, Template, load_template, load_templates
 
 SHIPPED_TEMPLATES = Path(__file__).resolve().parents[2] / "slurm_templates"
 
@@ -74,9 +77,10 @@ def test_inference_schema(shipped_templates: dict[str, Template]) -> None:
     assert schema["additionalProperties"] is False
     assert schema["required"] == ["model", "input"]
     props = schema["properties"]
-    assert props["model"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9._/-]{0,255}$"
-    assert props["model"]["maxLength"] == 4096  # the default cap
+    assert (props["model"]["format"], props["model"]["pattern"]) == (RELATIVE_PATH_FORMAT, RELATIVE_PATH_PATTERN)
+    assert props["model"]["maxLength"] == 256
     assert props["input"]["maxLength"] == 65536
+    assert "format" not in props["input"]  # free text, not a path
     assert {k: props["max_tokens"][k] for k in ("type", "minimum", "maximum", "default")} == {
         "type": "integer",
         "minimum": 1,
@@ -104,6 +108,8 @@ def test_train_schema(shipped_templates: dict[str, Template]) -> None:
         "default": 0.0003,
     }
     assert props["script"]["default"] == "train.py"
+    assert (props["script"]["format"], props["script"]["pattern"]) == (RELATIVE_PATH_FORMAT, RELATIVE_PATH_PATTERN)
+    assert props["script"]["maxLength"] == 255
 
 
 @pytest.mark.parametrize("seconds", [0, 1, 3600])
@@ -145,11 +151,11 @@ def test_train_data_dir_rejects(shipped_templates: dict[str, Template], data_dir
     ]
 
 
-def test_inference_model_pattern(shipped_templates: dict[str, Template]) -> None:
+def test_inference_model_is_a_relative_path(shipped_templates: dict[str, Template]) -> None:
     inference = shipped_templates["inference"]
     ok = {"model": "meta-llama/Llama-3-8B", "input": "hi"}
     assert inference.validate_params(ok) == {**ok, "max_tokens": 512}
-    for bad in ("-rf", "../x", "a b", "/abs"):
+    for bad in ("-rf", "../x", "/abs", "m" * 257):
         errors = errors_of(inference, {"model": bad, "input": "hi"})
         assert [e["field"] for e in errors] == ["params.model"]
 
@@ -254,6 +260,10 @@ def test_choices(tmp_path: Path, kind: str, choices: str, default: str, other: A
         ('[params.x]\ntype = "string"\nmaxlen = 3\n', "unknown key(s) maxlen"),
         ('[params.x]\ntype = "list"\n', "type must be one of"),
         ('[params.X]\ntype = "string"\n', "param name 'X'"),
+        ('[params.p]\ntype = "path"\npattern = "^a$"\n', "unknown key(s) pattern"),
+        ('[params.p]\ntype = "path"\nchoices = ["a"]\n', "unknown key(s) choices"),
+        ('[params.p]\ntype = "path"\ndefault = "../x"\n', "default '../x' must be a relative path in normal form: it has a '..' segment"),
+        ('[params.p]\ntype = "path"\ndefault = 3\n', "a path's default must be a string"),
         ("[params.x\n", "is not valid TOML"),
     ],
 )
@@ -288,3 +298,133 @@ def test_load_templates_skips_folders_without_toml(tmp_path: Path) -> None:
     (tmp_path / "notes").mkdir()
     (tmp_path / "README.md").write_text("x")
     assert list(load_templates(tmp_path)) == ["real"]
+
+
+# --- path parameters, and traversal strings against every shipped string parameter ------
+
+# Each shipped template's smallest valid params; a test swaps one value for a hostile one.
+MINIMAL_PARAMS: dict[str, dict[str, Any]] = {
+    "hello": {},
+    "inference": {"model": "m", "input": "x"},
+    "train": {"data_dir": "/data/set1"},
+}
+TRAVERSALS = [
+    "../x",
+    "..",
+    "../../../../etc/shadow",
+    "a/../../etc/passwd",
+    "a/b/..",
+    "/etc/passwd",
+    "/",
+    "//etc/passwd",
+    "~root/x",
+    "~",
+    "a\n..",
+    "a\n/etc/passwd",
+    "a\x00b",
+    ".",
+    "./..",
+    "./x",
+    "x/./y",
+    "a//b",
+    "x/",
+    "-rf",
+    "--nproc-per-node=64",
+    "",
+]
+RELATIVE_PATHS = ["train.py", "src/train.py", "meta-llama/Llama-3-8B", "..a/b", "a..", "a.b/.c", "x~", "a b/ü.py"]
+_LOADED = load_templates(SHIPPED_TEMPLATES)
+STRING_PARAMS = [
+    (template.name, name)
+    for template in _LOADED.values()
+    for name, prop in template.parameter_schema()["properties"].items()
+    if prop.get("type") == "string"
+]
+
+
+def is_path_param(template: Template, param: str) -> bool:
+    return template.parameter_schema()["properties"][param].get("format") == RELATIVE_PATH_FORMAT
+
+
+def test_every_shipped_template_is_walked() -> None:
+    assert MINIMAL_PARAMS.keys() == _LOADED.keys()
+    assert sorted(STRING_PARAMS) == [
+        ("hello", "message"), ("inference", "input"), ("inference", "model"), ("train", "data_dir"), ("train", "script"),
+    ]
+    paths = sorted((t, p) for t, p in STRING_PARAMS if is_path_param(_LOADED[t], p))
+    assert paths == [("inference", "model"), ("train", "script")]
+
+
+def run_printing(template: Template, params: dict[str, Any], param: str, job_dir: Path) -> bytes:
+    """Render ``template`` with a body that prints one parameter, run it with bash, return stdout."""
+    spec = JobSpec(
+        job_id="j-0123456789abcdef", account="acme", name="walk", template=template.name,
+        body=f'printf "%s" "${param_env_name(param)}"\n', params=params, gpus=1, gpu_type=None,
+        cpus=1, mem_gb=4, time_limit_min=5, partition="gpu", job_dir=str(job_dir),
+    )
+    script = render(spec).script
+    assert f"export {param_env_name(param)}={shell_quote(params[param])}\n" in script
+    path = job_dir / "job.sbatch"
+    path.write_text(script)
+    result = subprocess.run(
+        ["/bin/bash", str(path)], capture_output=True, cwd=job_dir, env={"PATH": "/usr/bin:/bin"}, timeout=30, check=False
+    )
+    assert (result.returncode, result.stderr) == (0, b"")
+    return result.stdout
+
+
+@pytest.mark.parametrize("value", TRAVERSALS, ids=[repr(v) for v in TRAVERSALS])
+@pytest.mark.parametrize(("template_name", "param"), STRING_PARAMS, ids=[f"{t}.{p}" for t, p in STRING_PARAMS])
+def test_traversal_strings_against_every_string_param(tmp_path: Path, template_name: str, param: str, value: str) -> None:
+    template = _LOADED[template_name]
+    raw = {**MINIMAL_PARAMS[template_name], param: value}
+    if is_path_param(template, param):
+        errors = errors_of(template, raw)
+        assert [e["field"] for e in errors] == [f"params.{param}"]
+        assert errors[0]["message"].startswith("must be a relative path in normal form: ")
+        return
+    try:
+        params = template.validate_params(raw)
+    except ValidationFailed as exc:  # refused by the parameter's own rules (data_dir's pattern, the NUL check)
+        assert [e["field"] for e in exc.details["errors"]] == [f"params.{param}"]
+        return
+    # Accepted free text reaches the job quoted: bash hands it over byte for byte, runs nothing.
+    assert run_printing(template, params, param, tmp_path) == value.encode()
+
+
+@pytest.mark.parametrize("value", RELATIVE_PATHS)
+def test_train_script_accepts_relative_paths(tmp_path: Path, value: str) -> None:
+    train = _LOADED["train"]
+    params = train.validate_params({"data_dir": "/data/set1", "script": value})
+    assert run_printing(train, params, "script", tmp_path) == value.encode()
+
+
+def test_train_data_dir_is_absolute_by_design() -> None:
+    # Shared storage is named by absolute path; the job reads it with its own Unix permissions,
+    # so only traversal and non-normal spellings are refused, not the absolute form itself.
+    train = _LOADED["train"]
+    accepted = [v for v in TRAVERSALS if _accepts(train, {"data_dir": v})]
+    assert accepted == ["/etc/passwd"]
+
+
+def _accepts(template: Template, raw: dict[str, Any]) -> bool:
+    try:
+        template.validate_params(raw)
+    except ValidationFailed:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("value", TRAVERSALS + RELATIVE_PATHS + ["a\t", "a\x7f", "x/...", "..."], ids=repr)
+def test_schema_pattern_gives_the_validators_answer(value: str) -> None:
+    # fullmatch: Python's `$` also matches before a final newline, ECMA-262's does not.
+    by_pattern = re.fullmatch(RELATIVE_PATH_PATTERN, value) is not None
+    assert by_pattern == _accepts(_LOADED["train"], {"data_dir": "/d", "script": value})
+
+
+def test_path_param_is_strict_and_bounded() -> None:
+    train = _LOADED["train"]
+    assert [e["message"] for e in errors_of(train, {"data_dir": "/d", "script": 5})] == ["Input should be a valid string"]
+    assert [e["message"] for e in errors_of(train, {"data_dir": "/d", "script": "a" * 256})] == [
+        "String should have at most 255 characters"
+    ]

@@ -17,7 +17,14 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from gpupool.config import Settings
 from gpupool.errors import ConfigError, Unauthorized
-from gpupool.tokens import Principal, create_token, verify_token
+from gpupool.tokens import (
+    Principal,
+    TokenStanding,
+    create_token,
+    new_claims,
+    require_good_standing,
+    verify_token,
+)
 
 SECRET = "k" * 32 + "-test-secret"
 OTHER_SECRET = "z" * 40
@@ -25,7 +32,7 @@ OTHER_SECRET = "z" * 40
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(jwt_secret=SECRET, slurm_user="gpupool")
+    return Settings(jwt_secret=SECRET, service_user="gpupool")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,7 @@ def rs_settings(rsa_keys: tuple[Path, Path]) -> Settings:
         jwt_algorithm="RS256",
         jwt_private_key_file=str(private),
         jwt_public_key_file=str(public),
-        slurm_user="gpupool",
+        service_user="gpupool",
     )
 
 
@@ -65,6 +72,7 @@ def claims(**changes: Any) -> dict[str, Any]:
         "iat": issued,
         "exp": issued + 600,
         "aud": "gpupool",
+        "jti": "jti-of-the-test-claims",
     }
     base.update(changes)
     return {k: v for k, v in base.items() if v is not None}
@@ -76,17 +84,22 @@ def refused(settings: Settings, token: str) -> Unauthorized:
     return info.value
 
 
+def jti_of(token: str) -> str:
+    return jwt.decode(token, options={"verify_signature": False})["jti"]
+
+
 # --- round trips -----------------------------------------------------------------------
 
 
 def test_round_trip(settings: Settings) -> None:
     token = create_token(settings, sub="alice", account="acme")
-    assert verify_token(settings, token) == Principal(sub="alice", account="acme", role="customer")
+    assert verify_token(settings, token) == Principal(sub="alice", account="acme", role="customer", jti=jti_of(token))
 
 
 def test_round_trip_admin(settings: Settings) -> None:
-    principal = verify_token(settings, create_token(settings, sub="root", account="ops", role="admin"))
-    assert principal == Principal("root", "ops", "admin")
+    token = create_token(settings, sub="root", account="ops", role="admin")
+    principal = verify_token(settings, token)
+    assert principal == Principal("root", "ops", "admin", jti_of(token))
     assert principal.is_admin
 
 
@@ -94,7 +107,9 @@ def test_claims_are_exact(settings: Settings) -> None:
     issued = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     token = create_token(settings, sub="alice", account="acme", ttl_s=120, now=issued)
     assert jwt.get_unverified_header(token) == {"alg": "HS256", "typ": "JWT"}
-    assert jwt.decode(token, options={"verify_signature": False}) == {
+    decoded = jwt.decode(token, options={"verify_signature": False})
+    assert len(decoded.pop("jti")) == 32
+    assert decoded == {
         "sub": "alice",
         "account": "acme",
         "role": "customer",
@@ -114,12 +129,12 @@ def test_default_ttl_from_settings(settings: Settings) -> None:
 def test_rs256_round_trip(rs_settings: Settings) -> None:
     token = create_token(rs_settings, sub="alice", account="acme")
     assert jwt.get_unverified_header(token)["alg"] == "RS256"
-    assert verify_token(rs_settings, token) == Principal("alice", "acme", "customer")
+    assert verify_token(rs_settings, token) == Principal("alice", "acme", "customer", jti_of(token))
 
 
 def test_explicit_key(settings: Settings) -> None:
     token = jwt.encode(claims(), OTHER_SECRET, algorithm="HS256")
-    assert verify_token(settings, token, key=OTHER_SECRET) == Principal("alice", "acme", "customer")
+    assert verify_token(settings, token, key=OTHER_SECRET) == Principal("alice", "acme", "customer", "jti-of-the-test-claims")
     assert refused(settings, token).message == "the token's signature does not verify"
 
 
@@ -159,7 +174,7 @@ def test_wrong_audience(settings: Settings) -> None:
     assert refused(settings, token).message == "the token is not meant for this service (wrong audience)"
 
 
-@pytest.mark.parametrize("claim", ["exp", "iat", "sub", "aud"])
+@pytest.mark.parametrize("claim", ["exp", "iat", "sub", "aud", "jti"])
 def test_missing_required_claim(settings: Settings, claim: str) -> None:
     token = jwt.encode(claims(**{claim: None}), SECRET, algorithm="HS256")
     error = refused(settings, token)
@@ -199,6 +214,57 @@ def test_non_string_subject(settings: Settings) -> None:
     assert refused(settings, token).message.startswith("the token is not valid: ")
 
 
+def test_every_token_gets_its_own_jti(settings: Settings) -> None:
+    ids = {jti_of(create_token(settings, sub="alice", account="acme")) for _ in range(50)}
+    assert len(ids) == 50
+
+
+@pytest.mark.parametrize("jti", ["", "j" * 65])
+def test_jti_must_be_a_short_string(settings: Settings, jti: str) -> None:
+    token = jwt.encode(claims(jti=jti), SECRET, algorithm="HS256")
+    assert refused(settings, token).message == "the token's jti must be 1 to 64 characters"
+    numeric = jwt.encode(claims(jti=7), SECRET, algorithm="HS256")
+    assert refused(settings, numeric).message == "the token is not valid: JWT ID must be a string"
+
+
+def test_lifetime_over_the_ceiling_is_refused_even_when_signed(settings: Settings) -> None:
+    issued = int(now().timestamp())
+    token = jwt.encode(claims(iat=issued, exp=issued + 3601), SECRET, algorithm="HS256")
+    assert refused(settings.replace(jwt_max_ttl_s=3600), token).message == "the token's lifetime is longer than this service allows"
+    assert verify_token(settings.replace(jwt_max_ttl_s=3601), token).sub == "alice"
+
+
+def test_recorded_claims_match_the_signed_ones(settings: Settings) -> None:
+    issued = dt.datetime(2030, 1, 2, 3, 4, 5, 678_000, tzinfo=dt.UTC)
+    made = new_claims(settings, sub="alice", account="acme", ttl_s=90, now=issued)
+    assert (made.issued_at, made.expires_at) == (issued.replace(microsecond=0), issued.replace(microsecond=0) + dt.timedelta(seconds=90))
+
+
+# --- standing: what the database says about a verified token ----------------------------
+
+CALLER = Principal("alice", "acme", "customer", "abc")
+
+
+@pytest.mark.parametrize(
+    ("standing", "code", "message"),
+    [
+        (None, "token_unknown", "the token was not issued by this service; ask the operator for a new one"),
+        (TokenStanding("other", False, False), "token_unknown", "the token was not issued by this service; ask the operator for a new one"),
+        (TokenStanding("acme", True, False), "token_revoked", "the token has been revoked"),
+        (TokenStanding("acme", True, True), "token_revoked", "the token has been revoked"),
+        (TokenStanding("acme", False, True), "account_disabled", "the account acme is disabled"),
+    ],
+)
+def test_bad_standing_is_refused(standing: TokenStanding | None, code: str, message: str) -> None:
+    with pytest.raises(Unauthorized) as info:
+        require_good_standing(CALLER, standing)
+    assert (info.value.code, info.value.message) == (code, message)
+
+
+def test_good_standing_passes() -> None:
+    require_good_standing(CALLER, TokenStanding("acme", revoked=False, account_disabled=False))
+
+
 def test_garbage_token(settings: Settings) -> None:
     assert refused(settings, "not.a.token").message.startswith("the token is not valid: ")
     assert refused(settings, "").message.startswith("the token is not valid: ")
@@ -230,7 +296,7 @@ def test_rs256_token_refused_when_hs256_configured(settings: Settings, rs_settin
 
 @pytest.mark.parametrize("secret", ["", "short", "x" * 31])
 def test_short_secret_is_a_config_error(secret: str) -> None:
-    weak = Settings(jwt_secret=secret, slurm_user="gpupool")
+    weak = Settings(jwt_secret=secret, service_user="gpupool")
     with pytest.raises(ConfigError, match="at least 32 characters"):
         create_token(weak, sub="alice", account="acme")
     with pytest.raises(ConfigError, match="at least 32 characters"):
@@ -238,8 +304,9 @@ def test_short_secret_is_a_config_error(secret: str) -> None:
 
 
 def test_secret_of_exactly_32_characters_is_enough() -> None:
-    ok = Settings(jwt_secret="x" * 32, slurm_user="gpupool")
-    assert verify_token(ok, create_token(ok, sub="a", account="b")) == Principal("a", "b", "customer")
+    ok = Settings(jwt_secret="x" * 32, service_user="gpupool")
+    token = create_token(ok, sub="a", account="b")
+    assert verify_token(ok, token) == Principal("a", "b", "customer", jti_of(token))
 
 
 def test_rs256_without_key_files(rs_settings: Settings, tmp_path: Path) -> None:
@@ -261,6 +328,7 @@ def test_rs256_without_key_files(rs_settings: Settings, tmp_path: Path) -> None:
         ({"account": "Not Valid"}, "a token needs a user of 1 to 255 characters and a valid account name"),
         ({"ttl_s": 0}, "--ttl must be a positive number of seconds"),
         ({"ttl_s": -5}, "--ttl must be a positive number of seconds"),
+        ({"ttl_s": 90 * 86400 + 1}, "--ttl 7776001 is longer than the ceiling of 7776000 seconds (GPUPOOL_JWT_MAX_TTL_S)"),
     ],
 )
 def test_create_token_argument_errors(settings: Settings, kwargs: dict[str, Any], fragment: str) -> None:

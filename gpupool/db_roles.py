@@ -1,0 +1,163 @@
+"""What the API's and billing's PostgreSQL roles may do with each table.
+
+Three roles share one database. The migrating role owns every table and runs
+``gpupool db upgrade`` and the operator's commands; the API and the billing
+worker log in as roles of their own that get exactly the privileges below.
+The API can therefore never write the ledger, prices or adjustments, and
+billing can only add ledger rows; the trigger of migration 0005 refuses
+UPDATE, DELETE and TRUNCATE of ledger rows even to the owner.
+
+``TABLE_ACCESS`` is the one list. ``gpupool db upgrade`` revokes what the two
+roles hold on the schema's tables and sequences and grants this list again,
+in the migration's transaction, each time it runs: a migration that adds a
+table adds its line here, and a table in the database without a line fails
+the upgrade rather than being served with privileges nobody chose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection
+
+from gpupool.errors import ConfigError
+
+API = "api"
+BILLING = "billing"
+SERVICES = (API, BILLING)
+
+READ = ("SELECT",)
+APPEND = ("SELECT", "INSERT")
+READ_WRITE = ("SELECT", "INSERT", "UPDATE")
+NONE: tuple[str, ...] = ()
+
+# table -> service -> privileges. SELECT comes with every write: UPDATE ... WHERE
+# and INSERT ... RETURNING read the rows they touch.
+TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
+    # Both check the schema revision before they start.
+    "alembic_version": {API: READ, BILLING: READ},
+    # Accounts, prices and manual adjustments are the operator's, through the CLI.
+    "accounts": {API: READ, BILLING: READ},
+    "prices": {API: READ, BILLING: READ},
+    # The API drops the row of a job Slurm never took, so its Idempotency-Key frees up.
+    "jobs": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: READ},
+    "slurm_sync": {API: READ_WRITE, BILLING: NONE},
+    "ledger_entries": {API: READ, BILLING: APPEND},
+    # Billing adds failed-node credits; spend and invoices read them.
+    "adjustments": {API: READ, BILLING: APPEND},
+    # A pass inserts its record first and fills in the totals before it commits.
+    "billing_passes": {API: NONE, BILLING: READ_WRITE},
+    # Updating the single row is billing's lock.
+    "billing_state": {API: NONE, BILLING: ("SELECT", "UPDATE")},
+    # Token ids the API checks revocation against; the CLI issues them.
+    "issued_tokens": {API: READ, BILLING: NONE},
+    # Customers register endpoints through the API (a forgotten job's callback goes
+    # with it); the API's refresher records events, and `gpupool webhooks run`, with
+    # the API's environment, marks deliveries and records attempts.
+    "webhook_endpoints": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
+    "webhook_events": {API: APPEND, BILLING: NONE},
+    "webhook_deliveries": {API: READ_WRITE, BILLING: NONE},
+    "webhook_attempts": {API: APPEND, BILLING: NONE},
+    # Hardware costs for the operator report; set with `gpupool node cost set`.
+    "node_costs": {API: READ, BILLING: NONE},
+}
+
+
+@dataclass(frozen=True)
+class ServiceRoles:
+    """PostgreSQL role names of the API and of the billing worker."""
+
+    api: str
+    billing: str
+
+    def by_service(self) -> dict[str, str]:
+        return {API: self.api, BILLING: self.billing}
+
+
+def _check_roles(connection: Connection, roles: ServiceRoles) -> None:
+    if roles.api == roles.billing:
+        raise ConfigError(f"the API and billing need roles of their own; both are {roles.api!r}")
+    migrating_role = connection.execute(text("SELECT current_user")).scalar_one()
+    # rolname -> whether no grant can limit it: superuser, above row security, or the owner by membership.
+    unlimited: dict[str, bool] = dict(
+        connection.execute(
+            text(
+                "SELECT rolname, rolsuper OR rolbypassrls OR pg_has_role(rolname, current_user, 'MEMBER')"
+                " FROM pg_roles WHERE rolname IN (:api, :billing)"
+            ),
+            {"api": roles.api, "billing": roles.billing},
+        ).all()
+    )
+    for service, name in roles.by_service().items():
+        if name == migrating_role:
+            raise ConfigError(
+                f"the {service} role {name!r} is the role running the migrations, which owns every table; "
+                "give the service a role of its own"
+            )
+        if name not in unlimited:
+            raise ConfigError(f"the {service} role {name!r} does not exist; create it first (the playbook does)")
+        if unlimited[name]:
+            raise ConfigError(
+                f"the {service} role {name!r} is a superuser, bypasses row security or is a member of "
+                f"{migrating_role!r}, the tables' owner: no grant can limit it"
+            )
+
+
+def _sequences_of(connection: Connection, table: str) -> list[str]:
+    """Sequences behind the table's serial or identity columns."""
+    return list(
+        connection.execute(
+            text(
+                "SELECT seq.relname FROM pg_class seq"
+                " JOIN pg_depend dep ON dep.objid = seq.oid AND dep.deptype IN ('a', 'i')"
+                " JOIN pg_class tab ON tab.oid = dep.refobjid"
+                " WHERE seq.relkind = 'S' AND tab.relname = :table"
+                " AND tab.relnamespace = current_schema()::regnamespace"
+            ),
+            {"table": table},
+        ).scalars()
+    )
+
+
+def grant_statements(connection: Connection, roles: ServiceRoles) -> list[str]:
+    """REVOKE and GRANT statements that give both roles exactly ``TABLE_ACCESS``."""
+    tables = set(inspect(connection).get_table_names())
+    unlisted = sorted(tables - set(TABLE_ACCESS))
+    if unlisted:
+        raise ConfigError(
+            f"table(s) {', '.join(unlisted)} have no line in gpupool.db_roles.TABLE_ACCESS: "
+            "say what the API and billing may do with them before granting anything"
+        )
+    quote = connection.dialect.identifier_preparer.quote
+    grantees = ", ".join(quote(name) for name in roles.by_service().values())
+    schema = quote(connection.execute(text("SELECT current_schema()")).scalar_one())
+    statements = [
+        f"REVOKE ALL ON ALL TABLES IN SCHEMA {schema} FROM {grantees}",
+        f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {grantees}",
+        f"GRANT USAGE ON SCHEMA {schema} TO {grantees}",
+    ]
+    for table in sorted(tables):
+        for service, role in roles.by_service().items():
+            privileges = TABLE_ACCESS[table].get(service, NONE)
+            if not privileges:
+                continue
+            statements.append(f"GRANT {', '.join(privileges)} ON {quote(table)} TO {quote(role)}")
+            if "INSERT" in privileges:
+                statements.extend(
+                    f"GRANT USAGE ON SEQUENCE {quote(sequence)} TO {quote(role)}"
+                    for sequence in _sequences_of(connection, table)
+                )
+    return statements
+
+
+def apply_grants(connection: Connection, roles: ServiceRoles) -> list[str]:
+    """Give the API's and billing's roles exactly ``TABLE_ACCESS``, inside the caller's transaction."""
+    if connection.dialect.name != "postgresql":
+        raise ConfigError("database roles are PostgreSQL's; on SQLite every process shares one file")
+    _check_roles(connection, roles)
+    statements = grant_statements(connection, roles)
+    for statement in statements:
+        connection.execute(text(statement))
+    return statements

@@ -1,0 +1,143 @@
+"""``gpupool token create|list|revoke`` and ``account disable|enable``: who may call the API."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from collections.abc import Callable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpupool import db
+from gpupool.config import Settings
+from gpupool.errors import NotFound
+from gpupool.models import Account, IssuedToken
+from gpupool.slurm import SlurmClient
+from gpupool.tokens import issue_token, revoke_token, signing_key
+
+_TIME = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def _sessions(settings: Settings) -> sessionmaker:
+    engine = db.make_engine(settings.database_url)
+    db.ensure_migrated(engine)
+    return db.make_session_factory(engine)
+
+
+def _existing_account(session: Session, name: str) -> Account:
+    account = session.get(Account, name)
+    if account is None:
+        raise NotFound(f"no account {name!r}; create it with `gpupool account create {name}`")
+    return account
+
+
+def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
+    # A missing key is reported before the database is touched: it is the likelier mistake.
+    signing_key(settings)
+    with _sessions(settings)() as session, session.begin():
+        token = issue_token(
+            session,
+            settings,
+            sub=args.user,
+            account=args.account,
+            role="admin" if args.admin else "customer",
+            ttl_s=args.ttl,
+        )
+    print(token)  # alone on stdout: scripts capture it
+    return 0
+
+
+def _token_state(token: IssuedToken, now: dt.datetime) -> str:
+    if token.revoked_at is not None:
+        return "revoked"
+    return "expired" if token.expires_at <= now else "active"
+
+
+def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
+    now = dt.datetime.now(dt.UTC)
+    with _sessions(settings)() as session:
+        account = _existing_account(session, args.account)
+        tokens = session.scalars(
+            select(IssuedToken).where(IssuedToken.account == args.account).order_by(IssuedToken.issued_at, IssuedToken.jti)
+        ).all()
+    if account.disabled_at is not None:
+        print(f"account {args.account} is disabled since {account.disabled_at:{_TIME}}: none of its tokens is accepted", file=sys.stderr)
+    for token in tokens:
+        revoked = "-" if token.revoked_at is None else f"{token.revoked_at:{_TIME}}"
+        print(
+            f"{token.jti}\tuser={token.subject}\trole={token.role}\tissued={token.issued_at:{_TIME}}"
+            f"\texpires={token.expires_at:{_TIME}}\tstate={_token_state(token, now)}\trevoked={revoked}"
+        )
+    return 0
+
+
+def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    with _sessions(settings)() as session, session.begin():
+        token, newly = revoke_token(session, args.jti, by=args.by, reason=args.reason, now=dt.datetime.now(dt.UTC))
+        revoked_at = token.revoked_at
+    assert revoked_at is not None
+    if newly:
+        print(f"token {args.jti} revoked; the API refuses it within {settings.token_check_cache_s:g} s")
+    else:
+        print(f"token {args.jti} was already revoked at {revoked_at:{_TIME}}")
+    return 0
+
+
+def cmd_account_disable(settings: Settings, args: argparse.Namespace) -> int:
+    with _sessions(settings)() as session, session.begin():
+        account = _existing_account(session, args.name)
+        if account.disabled_at is None:
+            account.disabled_at = dt.datetime.now(dt.UTC)
+            state = "disabled"
+        else:
+            state = f"already disabled since {account.disabled_at:{_TIME}}"
+    # After the commit: from here on no new token check passes, so the queue only shrinks.
+    if args.keep_jobs:
+        jobs = "its jobs are left in the queue"
+    else:
+        SlurmClient(settings).cancel_account_jobs(args.name)
+        jobs = "its pending and running jobs are cancelled"
+    print(f"account {args.name} {state}; its tokens are refused within {settings.token_check_cache_s:g} s; {jobs}")
+    return 0
+
+
+def cmd_account_enable(settings: Settings, args: argparse.Namespace) -> int:
+    with _sessions(settings)() as session, session.begin():
+        account = _existing_account(session, args.name)
+        was_disabled = account.disabled_at is not None
+        account.disabled_at = None
+    if was_disabled:
+        print(f"account {args.name} enabled; its tokens that are neither revoked nor expired work again")
+    else:
+        print(f"account {args.name} was not disabled")
+    return 0
+
+
+def add_token_parsers(
+    sub: argparse._SubParsersAction, account_sub: argparse._SubParsersAction, account_name: Callable[[str], str]
+) -> None:
+    token = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
+    create = token.add_parser("create", help="print a signed JWT for an existing account, and record it")
+    create.add_argument("--user", required=True)
+    create.add_argument("--account", required=True, type=account_name)
+    create.add_argument("--admin", action="store_true")
+    create.add_argument("--ttl", type=int, default=None, help="lifetime in seconds (at most GPUPOOL_JWT_MAX_TTL_S)")
+    create.set_defaults(handler=cmd_token_create)
+    listing = token.add_parser("list", help="an account's tokens: id, user, role, times and state")
+    listing.add_argument("--account", required=True, type=account_name)
+    listing.set_defaults(handler=cmd_token_list)
+    revoke = token.add_parser("revoke", help="refuse one token from now on (its id from `token list`)")
+    revoke.add_argument("jti")
+    revoke.add_argument("--reason", help="why, for the record")
+    revoke.add_argument("--by", default="operator", help="who revoked it, for the record")
+    revoke.set_defaults(handler=cmd_token_revoke)
+
+    disable = account_sub.add_parser("disable", help="refuse every token of the account and cancel its queued and running jobs")
+    disable.add_argument("name", type=account_name)
+    disable.add_argument("--keep-jobs", action="store_true", help="leave the account's jobs in the queue")
+    disable.set_defaults(handler=cmd_account_disable)
+    enable = account_sub.add_parser("enable", help="accept the account's tokens again")
+    enable.add_argument("name", type=account_name)
+    enable.set_defaults(handler=cmd_account_enable)

@@ -1,0 +1,91 @@
+"""`make run` as a newcomer runs it (as root): the service runs as `gpupool`, demo jobs as `gp-demo`."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, sacct_row, wait_for
+from tests.live.conftest import free_port, http
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_make_run_serves_as_the_service_user_and_runs_demo_jobs_as_the_demo_tenant(tmp_path: Path) -> None:
+    port = free_port()
+    output = tmp_path / "run-demo.log"
+    with open(output, "wb") as log:
+        process = subprocess.Popen(
+            [str(REPO / "deploy" / "local" / "run-demo.sh")],
+            cwd=REPO,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"), "GPUPOOL_PORT": str(port)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        token = wait_for(
+            lambda: (m := re.search(r"export TOKEN=(\S+)", output.read_text(errors="replace"))) and m.group(1),
+            timeout_s=120,
+            what=f"run-demo.sh to print a token:\n{output.read_text(errors='replace')}",
+        )
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _answers(url), timeout_s=60, what="the API to answer")
+        gunicorn_users = {
+            pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+            for pid in _children(process.pid)
+            if b"gunicorn" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        }
+        assert gunicorn_users == {"gpupool"}
+
+        created = http("POST", url + "/submit", token=token, body={"template": "hello", "gpus": 1, "params": {"message": "make run", "seconds": 1}})
+        assert created.status == 201, created.body
+        def completed() -> dict | None:
+            reply = http("GET", f"{url}/jobs/{created.body['job_id']}", token=token)
+            assert reply.status == 200, (reply.status, reply.body, output.read_text(errors="replace")[-3000:])
+            return reply.body if reply.body["state"] == "COMPLETED" else None
+
+        done = wait_for(completed, timeout_s=90, what="the demo job to complete")
+        assert sacct_row(done["slurm_job_id"], "User,Account") == {"User": "gp-demo", "Account": "demo"}
+        assert "make run" in http("GET", f"{url}/jobs/{done['job_id']}/logs", token=token).body
+        # The dashboard's address is printed beside the token, and it answers.
+        assert f"{url}/ui/" in output.read_text(errors="replace")
+        assert http("GET", f"{url}/ui/", timeout_s=10).status == 200
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return http("GET", url + "/healthz", timeout_s=2).status == 200
+    except OSError:
+        return False
+
+
+def _children(root: int) -> list[int]:
+    """Every descendant of ``root``, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        current = frontier.pop()
+        kids = [pid for pid, parent in parents.items() if parent == current]
+        found += kids
+        frontier += kids
+    return found

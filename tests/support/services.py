@@ -1,0 +1,102 @@
+"""Throwaway PostgreSQL databases and Slurm accounts on the real local services, and polling."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import random
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import sessionmaker
+
+from gpupool import db
+from gpupool.config import Settings
+from gpupool.errors import CommandFailed
+from gpupool.models import Account
+from gpupool.proc import run_command
+from gpupool.slurm import SlurmClient
+from gpupool.tenants import ensure_tenant_user, remove_tenant_user
+
+PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+TENANT_PREFIX = Settings.tenant_user_prefix
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T], *, timeout_s: float = 60, interval_s: float = 0.5, what: str = "condition") -> T:
+    """Poll ``probe`` until it returns something truthy; fail with the last value seen."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}; last value: {last!r}")
+
+
+def slurm_cmd(*argv: str, check: bool = True) -> str:
+    env = {"PATH": "/usr/bin:/bin", "TZ": "UTC", "LANG": "C.UTF-8"}
+    return run_command(list(argv), timeout_s=30, env=env, check=check).stdout
+
+
+def create_database(name: str) -> str:
+    admin = create_engine(db.normalize_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    url = make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    engine.dispose()
+    return url
+
+
+def drop_database(name: str) -> None:
+    admin = create_engine(db.normalize_url(PG_ADMIN_URL), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def cancel_account_jobs(account: str) -> None:
+    slurm_cmd("scancel", f"--account={account}", check=False)
+
+    def drained() -> bool:
+        return not slurm_cmd("squeue", "-h", f"--account={account}", "-t", "PENDING,RUNNING,COMPLETING").strip()
+
+    wait_for(drained, timeout_s=60, what=f"jobs of {account} to leave the queue")
+
+
+@contextmanager
+def throwaway_slurm_account(slurm: SlurmClient, prefix: str, gpu_limit: int = 4) -> Iterator[str]:
+    """A new Slurm account with its own tenant user; its jobs are cancelled and both deleted afterwards."""
+    name = f"{prefix}{secrets.token_hex(4)}"
+    # A random uid: test sessions running side by side would race for the lowest free one.
+    settings = slurm.settings
+    uid = random.randint(settings.tenant_uid_min + 50_000, settings.tenant_uid_max)
+    tenant = ensure_tenant_user(settings, name, uid=uid)
+    slurm.ensure_account(name, gpu_limit, tenant.user)
+    try:
+        yield name
+    finally:
+        cancel_account_jobs(name)
+        try:
+            slurm_cmd("sacctmgr", "-i", "delete", "account", name)
+        except CommandFailed:
+            pass  # accounts with job records may be kept by slurmdbd; harmless
+        remove_tenant_user(settings, name)
+
+
+def add_account_row(session_factory: sessionmaker, name: str) -> None:
+    """The database row of an account whose tenant user exists (throwaway_slurm_account)."""
+    user = TENANT_PREFIX + name
+    with session_factory() as session, session.begin():
+        session.add(Account(name=name, gpu_limit=4, unix_user=user, unix_uid=pwd.getpwnam(user).pw_uid))
