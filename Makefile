@@ -5,10 +5,10 @@ PYTEST_ARGS ?=
 
 include deploy/cluster.mk
 
-.PHONY: venv services run test test-unit lint bench clean
+.PHONY: venv services run test test-multinode test-unit lint bench clean
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml client/pyproject.toml
 	deploy/local/bootstrap-venv.sh $(VENV)
 	touch $@
 
@@ -26,6 +26,14 @@ run: venv cluster
 test: venv services cluster
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The multinode suite (tests/multinode) on a fresh multinode cluster, removed
+# afterwards whatever the result; leftovers of an interrupted run go first.
+test-multinode: venv services cluster
+	$(SUDO) deploy/multinode/netns.sh down
+	$(CLUSTER_MULTINODE_PROVISION)
+	status=0; $(VENV)/bin/pytest -m multinode tests/multinode $(PYTEST_ARGS) || status=$$?; \
+		$(SUDO) deploy/multinode/netns.sh down; exit $$status
+
 # Pure tests only: no cluster, no database.
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
@@ -38,7 +46,10 @@ lint: venv
 
 bench: venv services cluster
 	command -v wrk >/dev/null || $(SUDO) apt-get install -y -qq wrk
+	test -x /usr/sbin/slurmrestd || $(SUDO) apt-get install -y -qq slurmrestd
 	$(VENV)/bin/python bench/submit.py
+	$(VENV)/bin/python bench/scale.py
+	$(VENV)/bin/python bench/runas.py
 	$(VENV)/bin/python bench/poll.py
 	$(VENV)/bin/python bench/billing.py
 	$(VENV)/bin/python bench/invoice.py

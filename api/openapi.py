@@ -7,19 +7,29 @@ from typing import Any
 from pydantic import BaseModel
 
 import gpupool
+from api.jobs import MAX_LOG_LINES, MAX_LOG_OFFSET, MAX_PAGE
 from api.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
     JOB_STATES,
+    DeliveryList,
     ErrorOut,
     JobList,
     JobOut,
+    SubmitOut,
     SubmitRequest,
     TemplateList,
     UsageOut,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookList,
 )
+from api.webhooks import MAX_CURSOR_DIGITS, MAX_DELIVERY_PAGE
+from billing.invoice import PERIOD
+from gpupool.config import Settings
 from gpupool.templates import Template
 
 _REF = "#/components/schemas/{model}"
+_DEFAULT_LOG_READ_KIB = Settings.log_read_max_bytes // 1024
 
 
 def _schemas(*models: type[BaseModel]) -> dict[str, Any]:
@@ -39,8 +49,153 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(code): {"description": "Error", "content": _json("ErrorOut")} for code in codes}
 
 
+_LOGS_DESCRIPTION = (
+    "Without offset: the last `tail` lines, at most log_read_max_bytes. With `offset`: the bytes from it, "
+    "at most `limit`, answered at once with what is there (empty at or past the end). Follow a job by "
+    "reading again from Gpupool-Next-Offset until Gpupool-Log-Complete is true. 409 log_unavailable: the "
+    "job put a symbolic link, FIFO or another user's file where its log belongs, and it is not followed."
+)
+_LOG_HEADERS = {
+    "Gpupool-Job-State": {"description": "The job's state, as GET /jobs/{job_id} shows it (PENDING, RUNNING, COMPLETED, ...)", "schema": {"type": "string"}},
+    "Gpupool-Next-Offset": {"description": "Offset reads only: the offset to read from next", "schema": {"type": "integer", "minimum": 0}},
+    "Gpupool-Log-Complete": {
+        "description": "Offset reads only: true when the job has ended and the next offset is the log's size, so nothing more will come",
+        "schema": {"enum": ["true", "false"]},
+    },
+}
+
+
+_SIGNATURE_DESCRIPTION = (
+    "t=<unix seconds>,v1=<hex HMAC-SHA256 of \"<t>.<raw body>\" keyed by the endpoint's secret>. "
+    "Reject deliveries whose t is more than 5 minutes off; gpupool_client.verify_signature does both checks."
+)
+
+
+def _webhook_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
+    endpoint_id = {"name": "endpoint_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+    return {
+        "/webhooks": {
+            "post": {
+                "summary": "Register a webhook endpoint; its signing secret is in this answer only",
+                "description": "The URL's host is resolved now: loopback, private, link-local and metadata addresses are refused (422 webhook_url_refused) unless the operator allowlists them; nothing is sent.",
+                "requestBody": {"required": True, "content": _json("WebhookCreate")},
+                "responses": {"201": {"description": "Registered", "content": _json("WebhookCreated")}, **_errors(400, 409, 415, 422, *auth_errors)},
+            },
+            "get": {
+                "summary": "The account's webhook endpoints (without secrets)",
+                "responses": {"200": {"description": "Endpoints", "content": _json("WebhookList")}, **_errors(*auth_errors)},
+            },
+        },
+        "/webhooks/{endpoint_id}": {
+            "delete": {
+                "summary": "Stop sending to an endpoint; deliveries not yet made are cancelled",
+                "parameters": [endpoint_id],
+                "responses": {"204": {"description": "Deleted"}, **_errors(404, *auth_errors)},
+            }
+        },
+        "/webhooks/{endpoint_id}/deliveries": {
+            "get": {
+                "summary": "Events owed to an endpoint, newest first, with every attempt and the receiver's answers",
+                "parameters": [
+                    endpoint_id,
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_DELIVERY_PAGE}},
+                    {"name": "cursor", "in": "query", "schema": {"type": "string", "pattern": f"^[0-9]{{1,{MAX_CURSOR_DIGITS}}}$"}},
+                ],
+                "responses": {"200": {"description": "Deliveries", "content": _json("DeliveryList")}, **_errors(400, 404, *auth_errors)},
+            }
+        },
+    }
+
+
+def _webhook_events() -> dict[str, Any]:
+    """OpenAPI 3.1 ``webhooks``: what gpupool POSTs to registered endpoints and callback URLs."""
+    headers = [
+        {"name": "Gpupool-Signature", "in": "header", "required": True, "schema": {"type": "string"}, "description": _SIGNATURE_DESCRIPTION},
+        {"name": "Gpupool-Event-Id", "in": "header", "required": True, "schema": {"type": "string"}, "description": "The event's id, also in the body: deduplicate on it (delivery is at least once)"},
+        {"name": "Gpupool-Event-Type", "in": "header", "required": True, "schema": {"enum": ["job.started", "job.ended"]}},
+    ]
+    body = {
+        "type": "object",
+        "required": ["id", "type", "created_at", "data"],
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"enum": ["job.started", "job.ended"]},
+            "created_at": {"type": "string", "format": "date-time"},
+            "data": {"type": "object", "properties": {"job": {"type": "object", "description": "state, exit_code, exit_signal, elapsed_s, times, gpus; gpu_seconds once billed, else null"}}},
+        },
+    }
+    answer = {"2XX": {"description": "Received; any other answer, or none within the timeout, is retried with backoff for 24 h"}}
+    return {
+        event: {
+            "post": {
+                "summary": summary,
+                "parameters": headers,
+                "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+                "responses": answer,
+            }
+        }
+        for event, summary in (("job.started", "A job started running"), ("job.ended", "A job ended, with its final state and exit code"))
+    }
+
+
+def _report_schema() -> dict[str, Any]:
+    """GET /admin/report's body (billing.report.Report.as_json): amounts are exact decimal text."""
+    amount = {"type": "string", "description": "Exact, in the currency (nano-unit precision); round to the cent to display"}
+    sums = {"gpu_seconds": {"type": "integer"}, "amount": amount}
+
+    def lines(key: str, **extra: Any) -> dict[str, Any]:
+        return {"type": "array", "items": {"type": "object", "properties": {key: {"type": "string"}, **sums, **extra}}}
+
+    utilization = {
+        "type": "object",
+        "properties": {
+            "gpus": {"type": "integer"},
+            "allocated_gpu_seconds": {"type": "integer", "description": "sacct: AllocTRES GPUs x seconds of [Start, End) in the window"},
+            "available_gpu_seconds": {"type": "integer", "description": "GPUs x seconds, less time down or drained (sacctmgr events)"},
+            "down_gpu_seconds": {"type": "integer"},
+            "utilization": {"type": ["string", "null"], "description": "allocated / available, 4 decimals; null with nothing available"},
+        },
+    }
+    wait = {"type": "object", "properties": {name: {"type": ["integer", "null"]} for name in ("jobs", "p50_s", "p95_s", "max_s")}}
+    return {
+        "type": "object",
+        "properties": {
+            **{name: {"type": "string", "format": "date-time"} for name in ("since", "until", "measured_until", "generated_at")},
+            "currency": {"type": "string"},
+            "revenue": {"type": "object", "properties": {"gpu_seconds": {"type": "integer"}, "amount": amount, "adjustments": amount, "net": amount}},
+            "revenue_by_account": lines("account"),
+            "revenue_by_gpu_type": lines("gpu_type"),
+            "revenue_by_day": lines("date", gpu_seconds_by_gpu_type={"type": "object", "additionalProperties": {"type": "integer"}}),
+            "adjustments": {
+                "type": "object",
+                "description": "Credits (negative) and charges, apart from revenue",
+                "properties": {"credits": amount, "charges": amount, "total": amount, "lines": {"type": "array", "items": {"type": "object"}}},
+            },
+            "gpu_seconds_sold": {"type": "integer"},
+            "gpu_hours_sold": {"type": "string"},
+            "utilization": utilization,
+            "utilization_by_node": {"type": "array", "items": utilization},
+            "utilization_by_gpu_type": {"type": "array", "items": utilization},
+            "queue_wait": {
+                "type": "object",
+                "description": "Start - Submit (sacct) of the GPU runs that started in the window; nearest-rank percentiles",
+                "properties": {"all": wait, "by_gpu_type": {"type": "array", "items": wait}, "by_account": {"type": "array", "items": wait}},
+            },
+            "waiting_now": {"type": "array", "items": {"type": "object", "description": "squeue's pending jobs: account, gpus, gpu_type, reason, waiting_s"}},
+            "payback": {
+                "type": "object",
+                "description": "Per node (gpupool node cost set) and total: cost_to_date, revenue_to_date, margin, monthly_margin, months_to_payback",
+            },
+            "notes": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+
+
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
-    schemas = _schemas(SubmitRequest, JobOut, JobList, TemplateList, ErrorOut, UsageOut)
+    schemas = _schemas(
+        SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
+        WebhookCreate, WebhookCreated, WebhookList, DeliveryList,
+    )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
     for template in templates.values():
@@ -65,7 +220,11 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                     ],
                     "requestBody": {"required": True, "content": _json("SubmitRequest")},
                     "responses": {
-                        "201": {"description": "Submitted", "content": _json("JobOut")},
+                        "201": {
+                            "description": "Submitted (or, with a used Idempotency-Key and the same body, the job it made)",
+                            "headers": {"Idempotent-Replayed": {"description": "true when this answer replays an earlier submit", "schema": {"enum": ["true"]}}},
+                            "content": _json("SubmitOut"),
+                        },
                         **_errors(400, 402, 403, 409, 413, 415, 422, *auth_errors),
                     },
                 }
@@ -79,7 +238,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                             "schema": {"type": "array", "items": {"enum": list(JOB_STATES)}},
                             "description": "Only jobs in these states (comma-separated, any case)",
                         },
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
                         {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: one account's jobs (default: all)"},
                         {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                     ],
@@ -100,20 +259,30 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
             },
             "/jobs/{job_id}/logs": {
                 "get": {
-                    "summary": "Tail of the job's output",
+                    "summary": "Tail of the job's output, or its bytes from an offset for a follower",
+                    "description": _LOGS_DESCRIPTION,
                     "parameters": [
                         job_id,
                         {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
-                        {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000}},
+                        {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}, "description": "The last N lines (default 100); not with offset"},
+                        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LOG_OFFSET}, "description": "Return the bytes from this offset (start at 0, then send Gpupool-Next-Offset back); not with tail"},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}, "description": f"With offset: at most this many bytes (default and maximum: the server's log_read_max_bytes, {_DEFAULT_LOG_READ_KIB} KiB unless configured)"},
                     ],
-                    "responses": {"200": {"description": "Log lines", "content": {"text/plain": {"schema": {"type": "string"}}}}, **_errors(400, 404, *auth_errors)},
+                    "responses": {
+                        "200": {
+                            "description": "Log bytes (UTF-8 text, but an offset read may end inside a character)",
+                            "headers": _LOG_HEADERS,
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        },
+                        **_errors(400, 404, 409, *auth_errors),
+                    },
                 }
             },
             "/invoices/{period}": {
                 "get": {
                     "summary": "The account's invoice for a UTC month, as an RFC 4180 CSV attachment",
                     "parameters": [
-                        {"name": "period", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9]{4}-(0[1-9]|1[0-2])$"}},
+                        {"name": "period", "in": "path", "required": True, "schema": {"type": "string", "pattern": PERIOD.pattern}},
                         account_param,
                     ],
                     "responses": {"200": {"description": "Invoice lines, adjustments, total", "content": {"text/csv": {"schema": {"type": "string"}}}}, **_errors(400, 404, *auth_errors)},
@@ -123,7 +292,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 "get": {
                     "summary": "GPU-seconds and money by GPU type and by day, and the balance",
                     "parameters": [
-                        {"name": "period", "in": "query", "schema": {"type": "string", "pattern": "^[0-9]{4}-(0[1-9]|1[0-2])$"}, "description": "Default: this month"},
+                        {"name": "period", "in": "query", "schema": {"type": "string", "pattern": PERIOD.pattern}, "description": "Default: this month"},
                         account_param,
                     ],
                     "responses": {"200": {"description": "Usage", "content": _json("UsageOut")}, **_errors(400, 404, *auth_errors)},
@@ -133,6 +302,21 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 "get": {
                     "summary": "Templates and their parameter schemas",
                     "responses": {"200": {"description": "Templates", "content": _json("TemplateList")}, **_errors(*auth_errors)},
+                }
+            },
+            **_webhook_paths(auth_errors),
+            "/admin/report": {
+                "get": {
+                    "summary": "Admin tokens only (404 to anyone else): revenue, utilization, queue wait and payback",
+                    "parameters": [
+                        {"name": "period", "in": "query", "schema": {"type": "string", "pattern": PERIOD.pattern}, "description": "A UTC month (default: this month)"},
+                        {"name": "since", "in": "query", "schema": {"type": "string", "format": "date-time"}, "description": "Range start, instead of period (no zone: UTC)"},
+                        {"name": "until", "in": "query", "schema": {"type": "string", "format": "date-time"}, "description": "Range end (default: now); at most 400 days after since"},
+                    ],
+                    "responses": {
+                        "200": {"description": "The report", "content": {"application/json": {"schema": _report_schema()}}},
+                        **_errors(400, 404, *auth_errors),
+                    },
                 }
             },
             "/healthz": {"get": {"summary": "The process is up", "security": [], "responses": {"200": {"description": "Up"}}}},
@@ -146,4 +330,5 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 }
             },
         },
+        "webhooks": _webhook_events(),
     }

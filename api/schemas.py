@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpupool.models import TERMINAL_STATES
+from gpupool.models.jobs import UNKNOWN
 
 # Visible ASCII and spaces: what survives every HTTP stack unchanged.
 IDEMPOTENCY_KEY_PATTERN = r"^[ -~]{1,255}$"
-JOB_STATES = ("PENDING", "RUNNING", *sorted(TERMINAL_STATES))
+JOB_STATES = ("PENDING", "RUNNING", *sorted(TERMINAL_STATES), UNKNOWN)
 
 
 def _single_line(value: str) -> str:
@@ -40,6 +41,12 @@ class SubmitRequest(BaseModel):
         examples=["nvcr.io#nvidia/pytorch:24.01-py3"],
     )
     name: Annotated[str, AfterValidator(_single_line)] | None = Field(default=None, min_length=1, max_length=128)
+    callback_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[!-~]+$",
+        description="Also send this job's webhook events (job.started, job.ended) here; the answer carries its callback_secret.",
+    )
 
 
 class JobOut(BaseModel):
@@ -120,3 +127,66 @@ class UsageOut(BaseModel):
     by_gpu_type: list[UsageByType]
     by_day: list[UsageByDay]
     balance: BalanceOut
+
+
+class SubmitOut(JobOut):
+    callback_secret: str | None = Field(
+        default=None, description="With callback_url: the key its deliveries are signed with (Gpupool-Signature)."
+    )
+
+
+WebhookEventType = Literal["job.started", "job.ended"]
+
+
+def _every_event_type() -> list[WebhookEventType]:
+    return ["job.started", "job.ended"]
+
+
+class WebhookCreate(BaseModel):
+    """Body of ``POST /webhooks``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    url: str = Field(max_length=2048, pattern=r"^https?://[!-~]+$", examples=["https://example.com/gpupool-events"])
+    events: list[WebhookEventType] = Field(
+        default_factory=_every_event_type, min_length=1, description="Default: every event type."
+    )
+
+
+class WebhookOut(BaseModel):
+    id: str
+    url: str
+    events: list[str]
+    created_at: dt.datetime
+
+
+class WebhookCreated(WebhookOut):
+    secret: str = Field(description="Shown this once: verify each delivery's Gpupool-Signature with it.")
+
+
+class WebhookList(BaseModel):
+    webhooks: list[WebhookOut]
+
+
+class DeliveryAttemptOut(BaseModel):
+    attempted_at: dt.datetime
+    duration_ms: int
+    status_code: int | None = Field(description="The receiver's HTTP status; null when no answer came.")
+    error: str | None
+    response_excerpt: str | None = Field(description="The first 1 KiB of the receiver's answer.")
+
+
+class DeliveryOut(BaseModel):
+    event_id: str = Field(description="Deduplicate on this: a delivery may arrive more than once.")
+    event_type: str
+    job_id: str
+    state: str = Field(description="pending, delivered, failed (retried for 24 h) or cancelled (endpoint deleted)")
+    attempts: list[DeliveryAttemptOut]
+    next_attempt_at: dt.datetime | None
+    delivered_at: dt.datetime | None
+    payload: dict[str, Any] = Field(description="The event body, as signed and sent.")
+
+
+class DeliveryList(BaseModel):
+    deliveries: list[DeliveryOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for older deliveries; null on the last page.")

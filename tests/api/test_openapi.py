@@ -5,7 +5,10 @@ import re
 from flask import Flask
 from flask.testing import FlaskClient
 
+from api.auth import PAGE_BLUEPRINTS
 from api.schemas import SubmitRequest
+
+PAGE_ENDPOINT_PREFIXES = PAGE_BLUEPRINTS | {"web_root"}
 
 
 def test_document_covers_every_route_and_uses_the_validating_schemas(app: Flask, client: FlaskClient) -> None:
@@ -14,7 +17,8 @@ def test_document_covers_every_route_and_uses_the_validating_schemas(app: Flask,
     routes = {
         (re.sub(r"<(\w+)>", r"{\1}", rule.rule), method.lower())
         for rule in app.url_map.iter_rules()
-        if rule.endpoint != "static"
+        # The web pages (api.web) are HTML for browsers, not part of the JSON API.
+        if rule.endpoint != "static" and rule.endpoint.split(".")[0] not in PAGE_ENDPOINT_PREFIXES
         for method in rule.methods - {"HEAD", "OPTIONS"}
     }
     documented = {(path, method) for path, item in doc["paths"].items() for method in item}
@@ -35,3 +39,22 @@ def test_templates_endpoint_lists_parameter_schemas(client: FlaskClient, auth: d
     assert hello["additionalProperties"] is False
     assert templates["inference"]["max_gpus"] == 1
     assert templates["train"]["params_schema"]["required"] == ["data_dir"]
+
+
+def test_logs_endpoint_documents_offset_reads(client: FlaskClient) -> None:
+    logs = client.get("/openapi.json").get_json()["paths"]["/jobs/{job_id}/logs"]["get"]
+    params = {param["name"]: param for param in logs["parameters"]}
+    assert set(params) == {"job_id", "stream", "tail", "offset", "limit"}
+    assert params["offset"]["schema"] == {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}
+    assert params["limit"]["schema"] == {"type": "integer", "minimum": 1}
+    ok = logs["responses"]["200"]
+    assert set(ok["headers"]) == {"Gpupool-Job-State", "Gpupool-Next-Offset", "Gpupool-Log-Complete"}
+    assert ok["headers"]["Gpupool-Log-Complete"]["schema"] == {"enum": ["true", "false"]}
+    assert "409" in logs["responses"]
+
+
+def test_path_parameters_are_marked_in_template_schemas(client: FlaskClient) -> None:
+    schemas = client.get("/openapi.json").get_json()["components"]["schemas"]
+    for model, param in (("TrainParams", "script"), ("InferenceParams", "model")):
+        assert schemas[model]["properties"][param]["format"] == "relative-path"
+        assert "pattern" in schemas[model]["properties"][param]

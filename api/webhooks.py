@@ -1,0 +1,163 @@
+"""Webhook endpoints of the caller's account, and what was delivered to them (gpupool.webhooks sends)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request, url_for
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from api.context import app_state, db_session, principal
+from api.schemas import DeliveryAttemptOut, DeliveryOut, WebhookCreate, WebhookCreated, WebhookOut
+from gpupool.db import utcnow
+from gpupool.errors import BadRequest, Conflict, NotFound, UnknownFields, UnsupportedMediaType, ValidationFailed
+from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from gpupool.templates import validation_error_list
+from gpupool.webhooks import allowed_networks, check_destination, new_secret
+
+webhooks_bp = Blueprint("webhooks", __name__)
+
+# Each endpoint multiplies every event into one more delivery; a handful is plenty.
+MAX_ENDPOINTS_PER_ACCOUNT = 20
+MAX_DELIVERY_PAGE = 100
+# Delivery ids are BIGINTs: 18 digits always fit, and a longer cursor was never issued.
+MAX_CURSOR_DIGITS = 18
+
+
+def _endpoint_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
+    return WebhookOut(
+        id=endpoint.id, url=endpoint.url, events=endpoint.events.split(","), created_at=endpoint.created_at
+    ).model_dump(mode="json")
+
+
+def _create_request() -> WebhookCreate:
+    if not request.is_json:
+        raise UnsupportedMediaType("send the body as JSON with Content-Type: application/json")
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    unknown = set(body) - set(WebhookCreate.model_fields)
+    if unknown:
+        raise UnknownFields(unknown, WebhookCreate.model_fields)
+    try:
+        return WebhookCreate.model_validate(body)
+    except ValidationError as exc:
+        errors = validation_error_list(exc)
+        raise ValidationFailed(
+            "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
+        ) from exc
+
+
+def _own_endpoint(endpoint_id: str) -> WebhookEndpoint:
+    endpoint = db_session().get(WebhookEndpoint, endpoint_id) if len(endpoint_id) <= 36 else None
+    if endpoint is None or endpoint.account != principal().account or endpoint.deleted_at is not None:
+        raise NotFound(f"no webhook {endpoint_id!r} in your account")
+    return endpoint
+
+
+@webhooks_bp.post("/webhooks")
+def create_webhook() -> tuple[Response, int, dict[str, str]]:
+    wanted = _create_request()
+    # Resolved and refused here, before anything is stored and without sending a byte.
+    check_destination(wanted.url, allowed_networks(app_state().settings.webhook_allow_cidrs))
+    session = db_session()
+    account = principal().account
+    active = session.scalars(
+        select(WebhookEndpoint.id).where(
+            WebhookEndpoint.account == account, WebhookEndpoint.deleted_at.is_(None), WebhookEndpoint.job_id.is_(None)
+        )
+    ).all()
+    if len(active) >= MAX_ENDPOINTS_PER_ACCOUNT:
+        raise Conflict(f"an account may have at most {MAX_ENDPOINTS_PER_ACCOUNT} webhooks; delete one first", code="too_many_webhooks")
+    endpoint = WebhookEndpoint(
+        id=str(uuid.uuid4()),
+        account=account,
+        url=wanted.url,
+        events=",".join(dict.fromkeys(wanted.events)),
+        secret=new_secret(),
+        created_at=utcnow(),
+    )
+    session.add(endpoint)
+    session.commit()
+    created = WebhookCreated(**_endpoint_view(endpoint), secret=endpoint.secret).model_dump(mode="json")
+    return jsonify(created), 201, {"Location": url_for("webhooks.list_deliveries", endpoint_id=endpoint.id)}
+
+
+@webhooks_bp.get("/webhooks")
+def list_webhooks() -> Response:
+    endpoints = db_session().scalars(
+        select(WebhookEndpoint)
+        .where(
+            WebhookEndpoint.account == principal().account,
+            WebhookEndpoint.deleted_at.is_(None),
+            WebhookEndpoint.job_id.is_(None),
+        )
+        .order_by(WebhookEndpoint.created_at)
+    )
+    return jsonify({"webhooks": [_endpoint_view(endpoint) for endpoint in endpoints]})
+
+
+@webhooks_bp.delete("/webhooks/<endpoint_id>")
+def delete_webhook(endpoint_id: str) -> tuple[str, int]:
+    endpoint = _own_endpoint(endpoint_id)
+    endpoint.deleted_at = utcnow()  # kept, so its deliveries' history stays readable in the database
+    db_session().commit()
+    return "", 204
+
+
+def _cursor_id() -> int | None:
+    raw = request.args.get("cursor")
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > MAX_CURSOR_DIGITS:
+        raise BadRequest("cursor is not one this API issued")
+    return int(raw)
+
+
+@webhooks_bp.get("/webhooks/<endpoint_id>/deliveries")
+def list_deliveries(endpoint_id: str) -> Response:
+    endpoint = _own_endpoint(endpoint_id)
+    session = db_session()
+    raw_limit = request.args.get("limit", "50")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_DELIVERY_PAGE:
+        raise BadRequest(f"limit must be between 1 and {MAX_DELIVERY_PAGE}")
+    limit = int(raw_limit)
+    query = (
+        select(WebhookDelivery, WebhookEvent)
+        .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
+        .where(WebhookDelivery.endpoint_id == endpoint.id)
+    )
+    before = _cursor_id()
+    if before is not None:
+        query = query.where(WebhookDelivery.id < before)
+    rows = session.execute(query.order_by(WebhookDelivery.id.desc()).limit(limit + 1)).all()
+    page, more = rows[:limit], len(rows) > limit
+    attempts: dict[int, list[DeliveryAttemptOut]] = {delivery.id: [] for delivery, _ in page}
+    for attempt in session.scalars(
+        select(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(list(attempts))).order_by(WebhookAttempt.id)
+    ):
+        attempts[attempt.delivery_id].append(
+            DeliveryAttemptOut(
+                attempted_at=attempt.attempted_at,
+                duration_ms=attempt.duration_ms,
+                status_code=attempt.status_code,
+                error=attempt.error,
+                response_excerpt=attempt.response_excerpt,
+            )
+        )
+    deliveries = [
+        DeliveryOut(
+            event_id=event.id,
+            event_type=event.type,
+            job_id=event.job_id,
+            state=delivery.state,
+            attempts=attempts[delivery.id],
+            next_attempt_at=delivery.next_attempt_at if delivery.state == "pending" else None,
+            delivered_at=delivery.delivered_at,
+            payload=event.payload,
+        ).model_dump(mode="json")
+        for delivery, event in page
+    ]
+    return jsonify({"deliveries": deliveries, "next_cursor": str(page[-1][0].id) if more else None})

@@ -1,0 +1,269 @@
+"""What the blocking and the asyncio clients share: settings, retries, jobs, log chunks."""
+
+from __future__ import annotations
+
+import codecs
+import os
+import random
+import re
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpupool_client.errors import (
+    GpupoolError,
+    RateLimited,
+    ServiceUnavailable,
+    error_from_response,
+)
+
+__version__ = "0.1.0"
+
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        # gpupool's own: Slurm never reported the job for unknown_after_s; it has no end time.
+        "UNKNOWN",
+    }
+)
+# A submit can legitimately take the server's Slurm timeouts (~15 s) before it answers.
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+NEXT_OFFSET_HEADER = "Gpupool-Next-Offset"
+LOG_COMPLETE_HEADER = "Gpupool-Log-Complete"
+JOB_STATE_HEADER = "Gpupool-Job-State"
+
+
+def resolve_settings(url: str | None, token: str | None) -> tuple[str, str | None]:
+    url = url or os.environ.get("GPUPOOL_URL")
+    token = token or os.environ.get("GPUPOOL_TOKEN")
+    if not url:
+        raise GpupoolError("no API address: pass url= or set GPUPOOL_URL (e.g. https://gpupool.example.com)")
+    return url.rstrip("/"), token
+
+
+def default_headers(token: str | None) -> dict[str, str]:
+    headers = {"User-Agent": f"gpupool-client/{__version__}", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def new_idempotency_key() -> str:
+    return f"gpupool-client-{uuid.uuid4()}"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a request is retried on no answer, 429 or 503, always with the same body and key."""
+
+    attempts: int = 6
+    backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+    # A Retry-After beyond this is not waited out silently: the caller gets the error.
+    max_retry_after_s: float = 60.0
+
+    def delay(self, attempt: int, error: GpupoolError | None) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1``, or None to give up and raise."""
+        if attempt + 1 >= self.attempts:
+            return None
+        backoff = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.8, 1.2)
+        if isinstance(error, (RateLimited, ServiceUnavailable)) and error.retry_after is not None:
+            if error.retry_after > self.max_retry_after_s:
+                return None
+            return max(error.retry_after, 0.1)
+        return backoff
+
+
+def retryable(response: httpx.Response) -> bool:
+    return response.status_code in (429, 503)
+
+
+def answer_error(response: httpx.Response) -> GpupoolError:
+    """The typed error for a non-2xx answer that has been read."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = response.text
+    return error_from_response(response.status_code, response.headers, body)
+
+
+def raise_for_answer(response: httpx.Response) -> None:
+    if not response.is_success:
+        raise answer_error(response)
+
+
+def submit_body(
+    template: str,
+    *,
+    gpus: int | None,
+    params: dict[str, Any] | None,
+    gpu_type: str | None,
+    name: str | None,
+    container_image: str | None,
+    cpus: int | None,
+    mem_gb: int | None,
+    time_limit_min: int | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"template": template, "params": dict(params or {})}
+    optional = {
+        "gpus": gpus,
+        "gpu_type": gpu_type,
+        "name": name,
+        "container_image": container_image,
+        "cpus": cpus,
+        "mem_gb": mem_gb,
+        "time_limit_min": time_limit_min,
+    }
+    body.update({key: value for key, value in optional.items() if value is not None})
+    return body
+
+
+def list_params(state: str | Iterable[str] | None, page_size: int, cursor: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": page_size}
+    if state:
+        params["state"] = state if isinstance(state, str) else ",".join(state)
+    if cursor:
+        params["cursor"] = cursor
+    return params
+
+
+def attachment_name(response: httpx.Response, fallback: str) -> str:
+    match = re.search(r'filename="([^"/\\]+)"', response.headers.get("Content-Disposition", ""))
+    return match.group(1) if match else fallback
+
+
+def partial_path(path: Path) -> Path:
+    return path.with_name(path.name + ".part")
+
+
+class JobFields:
+    """A job as the API last described it; ``data`` is the full JSON object."""
+
+    def __init__(self, data: dict[str, Any], *, replayed: bool = False) -> None:
+        self.data = data
+        self.replayed = replayed
+
+    def _update(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    @property
+    def id(self) -> str:
+        return str(self.data["job_id"])
+
+    @property
+    def state(self) -> str:
+        return str(self.data["state"])
+
+    @property
+    def reason(self) -> str | None:
+        return self.data.get("reason")
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.data.get("exit_code")
+
+    @property
+    def exit_signal(self) -> int | None:
+        return self.data.get("exit_signal")
+
+    @property
+    def elapsed_s(self) -> int | None:
+        return self.data.get("elapsed_s")
+
+    @property
+    def slurm_job_id(self) -> int | None:
+        return self.data.get("slurm_job_id")
+
+    @property
+    def done(self) -> bool:
+        """Ended, with Slurm's final record in: the exit code and times no longer change."""
+        if self.state == "UNKNOWN":
+            return True
+        return self.state in TERMINAL_STATES and self.data.get("ended_at") is not None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self.state} exit_code={self.exit_code}>"
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    data: bytes
+    next_offset: int
+    complete: bool
+    job_state: str | None
+
+
+def log_chunk(response: httpx.Response, offset: int) -> LogChunk:
+    raw_next = response.headers.get(NEXT_OFFSET_HEADER)
+    if raw_next is None:
+        raise GpupoolError(
+            f"the server did not send {NEXT_OFFSET_HEADER}: it predates incremental logs; use logs(tail=...) instead"
+        )
+    return LogChunk(
+        data=response.content,
+        next_offset=int(raw_next) if raw_next.strip() else offset + len(response.content),
+        complete=response.headers.get(LOG_COMPLETE_HEADER, "false").strip().lower() == "true",
+        job_state=response.headers.get(JOB_STATE_HEADER),
+    )
+
+
+class LineAssembler:
+    """Bytes in, whole decoded lines out (each with its newline); a line split across chunks is held back."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+
+    def feed(self, data: bytes) -> Iterator[str]:
+        self._pending += self._decoder.decode(data)
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            yield line + "\n"
+
+    def finish(self) -> Iterator[str]:
+        rest = self._pending + self._decoder.decode(b"", final=True)
+        self._pending = ""
+        if rest:
+            yield rest
+
+
+class FollowPacer:
+    """Polling intervals for a log follower: quick while output flows, slower while the job is quiet."""
+
+    def __init__(self, first_s: float = 0.25, max_s: float = 2.0) -> None:
+        self._first_s = first_s
+        self._max_s = max_s
+        self._next_s = first_s
+
+    def after(self, got_data: bool) -> float:
+        if got_data:
+            self._next_s = self._first_s
+            return 0.0
+        delay, self._next_s = self._next_s, min(self._max_s, self._next_s * 2)
+        return delay
+
+
+class WaitPacer:
+    """Intervals between status polls: from ``first_s`` growing by half each time to ``max_s``."""
+
+    def __init__(self, first_s: float, max_s: float) -> None:
+        self._next_s = first_s
+        self._max_s = max_s
+
+    def next(self) -> float:
+        delay, self._next_s = self._next_s, min(self._max_s, self._next_s * 1.5)
+        return delay

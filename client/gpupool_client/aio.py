@@ -1,0 +1,219 @@
+"""The asyncio client: ``AsyncClient`` and ``AsyncJob``, the same methods as ``Client`` and ``Job``, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpupool_client._core import (
+    DEFAULT_TIMEOUT,
+    FollowPacer,
+    JobFields,
+    LineAssembler,
+    RetryPolicy,
+    WaitPacer,
+    answer_error,
+    attachment_name,
+    default_headers,
+    list_params,
+    log_chunk,
+    new_idempotency_key,
+    partial_path,
+    raise_for_answer,
+    resolve_settings,
+    retryable,
+    submit_body,
+)
+from gpupool_client.errors import ConnectionFailed, GpupoolError, RateLimited, ServiceUnavailable, WaitTimeout
+
+
+class AsyncJob(JobFields):
+    def __init__(self, client: AsyncClient, data: dict[str, Any], *, replayed: bool = False) -> None:
+        super().__init__(data, replayed=replayed)
+        self._client = client
+
+    async def refresh(self) -> AsyncJob:
+        self._update(await self._client._get_job_data(self.id))
+        return self
+
+    async def wait(self, timeout: float | None = None, *, poll_s: float = 1.0, max_poll_s: float = 10.0) -> AsyncJob:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pacer = WaitPacer(poll_s, max_poll_s)
+        while not self.done:
+            delay = pacer.next()
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise WaitTimeout(f"job {self.id} still {self.state} after {timeout:g} s", code="wait_timeout")
+            await asyncio.sleep(delay)
+            try:
+                await self.refresh()
+            except (RateLimited, ServiceUnavailable) as exc:
+                await asyncio.sleep(exc.retry_after or 0)
+            except ConnectionFailed:
+                pass
+        return self
+
+    async def cancel(self) -> AsyncJob:
+        self._update((await self._client.cancel(self.id)).data)
+        return self
+
+    async def logs(self, stream: str = "stdout", *, tail: int | None = None) -> str:
+        return await self._client.logs(self.id, stream=stream, tail=tail)
+
+    def follow(self, stream: str = "stdout") -> AsyncIterator[str]:
+        return self._client.follow(self.id, stream=stream)
+
+
+class AsyncClient:
+    """Like ``Client``, for asyncio code: ``async with AsyncClient() as client: job = await client.submit(...)``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url, token = resolve_settings(url, token)
+        self.retry = retry or RetryPolicy()
+        self._http = httpx.AsyncClient(base_url=self.url, headers=default_headers(token), timeout=timeout, transport=transport)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        attempt = 0
+        while True:
+            error: GpupoolError
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                error = ConnectionFailed(f"{method} {path}: {exc or type(exc).__name__}", code="connection_failed")
+            else:
+                if not retryable(response):
+                    raise_for_answer(response)
+                    return response
+                error = answer_error(response)
+            delay = self.retry.delay(attempt, error)
+            if delay is None:
+                raise error
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def _get_job_data(self, job_id: str) -> dict[str, Any]:
+        return (await self._request("GET", f"/jobs/{job_id}")).json()
+
+    async def submit(
+        self,
+        template: str,
+        *,
+        gpus: int | None = None,
+        params: dict[str, Any] | None = None,
+        gpu_type: str | None = None,
+        name: str | None = None,
+        container_image: str | None = None,
+        cpus: int | None = None,
+        mem_gb: int | None = None,
+        time_limit_min: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncJob:
+        body = submit_body(
+            template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
+            cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min,
+        )
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        response = await self._request("POST", "/submit", json=body, headers=headers)
+        return AsyncJob(self, response.json(), replayed=response.headers.get("Idempotent-Replayed") == "true")
+
+    async def job(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, await self._get_job_data(job_id))
+
+    async def cancel(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, (await self._request("DELETE", f"/jobs/{job_id}")).json())
+
+    async def jobs(
+        self, *, state: str | Iterable[str] | None = None, limit: int | None = None, page_size: int = 200
+    ) -> AsyncIterator[AsyncJob]:
+        cursor: str | None = None
+        yielded = 0
+        while True:
+            size = page_size if limit is None else max(1, min(page_size, limit - yielded))
+            page = (await self._request("GET", "/jobs", params=list_params(state, size, cursor))).json()
+            for data in page["jobs"]:
+                if limit is not None and yielded >= limit:
+                    return
+                yielded += 1
+                yield AsyncJob(self, data)
+            cursor = page.get("next_cursor")
+            if not cursor or (limit is not None and yielded >= limit):
+                return
+
+    async def logs(self, job_id: str, *, stream: str = "stdout", tail: int | None = None) -> str:
+        params: dict[str, Any] = {"stream": stream}
+        if tail is not None:
+            params["tail"] = tail
+        return (await self._request("GET", f"/jobs/{job_id}/logs", params=params)).text
+
+    async def follow(self, job_id: str, *, stream: str = "stdout", offset: int = 0) -> AsyncIterator[str]:
+        lines = LineAssembler()
+        pacer = FollowPacer()
+        while True:
+            response = await self._request("GET", f"/jobs/{job_id}/logs", params={"stream": stream, "offset": offset})
+            chunk = log_chunk(response, offset)
+            offset = chunk.next_offset
+            for line in lines.feed(chunk.data):
+                yield line
+            if chunk.complete:
+                for line in lines.finish():
+                    yield line
+                return
+            await asyncio.sleep(pacer.after(bool(chunk.data)))
+
+    async def templates(self) -> list[dict[str, Any]]:
+        return (await self._request("GET", "/templates")).json()["templates"]
+
+    async def usage(self, period: str | None = None) -> dict[str, Any]:
+        return (await self._request("GET", "/usage", params={"period": period} if period else None)).json()
+
+    async def invoice(self, period: str, path: str | os.PathLike[str] | None = None) -> Path:
+        attempt = 0
+        partial: Path | None = None
+        while True:
+            error: GpupoolError
+            try:
+                async with self._http.stream("GET", f"/invoices/{period}") as response:
+                    if response.is_success:
+                        target = Path(path) if path is not None else Path(attachment_name(response, f"invoice-{period}.csv"))
+                        partial = partial_path(target)
+                        # Local file writes are small and fast next to the network: not worth a thread.
+                        with open(partial, "wb") as out:
+                            async for block in response.aiter_bytes():
+                                out.write(block)
+                        partial.replace(target)
+                        return target
+                    await response.aread()
+                    if not retryable(response):
+                        raise_for_answer(response)
+                    error = answer_error(response)
+            except httpx.TransportError as exc:
+                error = ConnectionFailed(f"GET /invoices/{period}: {exc or type(exc).__name__}", code="connection_failed")
+                if partial is not None:
+                    partial.unlink(missing_ok=True)
+            delay = self.retry.delay(attempt, error)
+            if delay is None:
+                raise error
+            await asyncio.sleep(delay)
+            attempt += 1

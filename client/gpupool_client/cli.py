@@ -1,0 +1,257 @@
+"""``gpupool-client``: the customer's command line.
+
+With ``--wait`` (or ``--follow``) ``submit`` exits with the job's own exit
+code when it COMPLETED or FAILED, and with a fixed code for every other end
+(``EXIT_BY_STATE``), so shell scripts and CI can branch on the outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gpupool_client.client import Client, Job
+from gpupool_client.errors import GpupoolError, ValidationFailed
+
+# Chosen to echo the shell: 124 is timeout(1)'s code, 130 is 128+SIGINT, 137 is 128+SIGKILL (the OOM killer).
+EXIT_BY_STATE = {
+    "TIMEOUT": 124,
+    "NODE_FAIL": 125,
+    "CANCELLED": 130,
+    "OUT_OF_MEMORY": 137,
+    "UNKNOWN": 122,  # Slurm never reported the job: gpupool cannot say how it ended
+}
+EXIT_OTHER_END = 123  # PREEMPTED, BOOT_FAIL, DEADLINE and any state Slurm adds later
+EXIT_ERROR = 1  # the API refused or could not be reached: the job's outcome is unknown
+EXIT_INTERRUPTED = 130  # Ctrl-C while waiting; the job itself keeps running
+
+
+def job_exit_code(job: Job) -> int:
+    """The process exit code that stands for how ``job`` ended."""
+    if job.state in ("COMPLETED", "FAILED"):
+        if job.exit_code:
+            return job.exit_code
+        if job.state == "COMPLETED":
+            return 0
+        # FAILED without a status of its own: killed by a signal, or the submission was lost.
+        return 128 + job.exit_signal if job.exit_signal else 1
+    return EXIT_BY_STATE.get(job.state, EXIT_OTHER_END)
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """``key=value``; the value is JSON when it parses as JSON (5, true, [1,2]), else the text as is."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2))
+
+
+def _describe(job: Job) -> str:
+    parts = [f"job {job.id} {job.state}"]
+    if job.reason:
+        parts.append(f"({job.reason})")
+    if job.exit_code is not None and job.done:
+        parts.append(f"exit {job.exit_code}")
+    if job.elapsed_s is not None:
+        parts.append(f"after {job.elapsed_s} s")
+    return " ".join(parts)
+
+
+def _follow_to_stdout(client: Client, job_id: str, stream: str) -> None:
+    for line in client.follow(job_id, stream=stream):
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    job = client.submit(
+        args.template,
+        gpus=args.gpus,
+        params=dict(args.param),
+        gpu_type=args.gpu_type,
+        name=args.name,
+        container_image=args.image,
+        cpus=args.cpus,
+        mem_gb=args.mem_gb,
+        time_limit_min=args.time_limit,
+    )
+    if not (args.wait or args.follow):
+        if args.json:
+            _print_json(job.data)
+        else:
+            print(job.id)
+        return 0
+    print(f"submitted job {job.id}", file=sys.stderr)
+    if args.follow:
+        _follow_to_stdout(client, job.id, "stdout")
+    job.wait()
+    if args.json:
+        _print_json(job.data)
+    print(_describe(job), file=sys.stderr)
+    return job_exit_code(job)
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.job_id)
+    if args.json:
+        _print_json(job.data)
+        return 0
+    for key, value in job.data.items():
+        if value is not None and key != "params":
+            print(f"{key}: {value}")
+    print(f"params: {json.dumps(job.data.get('params', {}))}")
+    return 0
+
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    if args.follow:
+        _follow_to_stdout(client, args.job_id, args.stream)
+    else:
+        sys.stdout.write(client.logs(args.job_id, stream=args.stream, tail=args.tail))
+    return 0
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    job = client.cancel(args.job_id)
+    print(f"cancel requested for job {job.id}")
+    return 0
+
+
+def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.jobs(state=args.state, limit=args.limit)
+    if args.json:
+        _print_json([job.data for job in jobs])
+        return 0
+    print(f"{'JOB ID':<36}  {'STATE':<13}  {'TEMPLATE':<12}  {'GPUS':>4}  {'EXIT':>4}  SUBMITTED")
+    for job in jobs:
+        exit_code = "" if job.exit_code is None else str(job.exit_code)
+        print(f"{job.id:<36}  {job.state:<13}  {job.data['template']:<12}  {job.data['gpus']:>4}  {exit_code:>4}  {job.data.get('submitted_at') or ''}")
+    return 0
+
+
+def cmd_templates(client: Client, args: argparse.Namespace) -> int:
+    templates = client.templates()
+    if args.json:
+        _print_json(templates)
+        return 0
+    for template in templates:
+        gpus = f"{template['min_gpus']}-{template['max_gpus'] or 'any'} GPUs (default {template['default_gpus']})"
+        params = ", ".join(template["params_schema"].get("properties", {}))
+        print(f"{template['name']}: {template['description']}\n    {gpus}; params: {params or 'none'}")
+    return 0
+
+
+def cmd_usage(client: Client, args: argparse.Namespace) -> int:
+    usage = client.usage(args.period)
+    if args.json:
+        _print_json(usage)
+        return 0
+    currency = usage["currency"]
+    print(f"account {usage['account']}, {usage['period']}: {usage['gpu_seconds']} GPU-seconds, total {usage['total']} {currency}")
+    for row in usage["by_gpu_type"]:
+        print(f"    {row['gpu_type']:<12} {row['gpu_seconds']:>12} GPU-s  {row['amount']} {currency}")
+    remaining = usage["balance"].get("remaining")
+    if remaining is not None:
+        print(f"remaining budget: {remaining} {currency}")
+    return 0
+
+
+def cmd_invoice(client: Client, args: argparse.Namespace) -> int:
+    path = client.invoice(args.period, args.output)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpupool-client", description="Submit and follow GPU jobs on gpupool.")
+    parser.add_argument("--url", help="API address (default: $GPUPOOL_URL)")
+    parser.add_argument("--token", help="bearer token (default: $GPUPOOL_TOKEN)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def reader(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--json", action="store_true", help="print the API's JSON")
+        return sub
+
+    submit = reader("submit", "submit a job from a template")
+    submit.add_argument("template")
+    submit.add_argument("--gpus", type=int)
+    submit.add_argument("-p", "--param", action="append", type=parse_param, default=[], metavar="KEY=VALUE",
+                        help="template parameter; VALUE is read as JSON if it is valid JSON, else as text (repeatable)")
+    submit.add_argument("--gpu-type")
+    submit.add_argument("--name")
+    submit.add_argument("--image", help="container image")
+    submit.add_argument("--cpus", type=int)
+    submit.add_argument("--mem-gb", type=int)
+    submit.add_argument("--time-limit", type=int, metavar="MINUTES")
+    submit.add_argument("--wait", action="store_true", help="wait for the end; exit with the job's exit code")
+    submit.add_argument("--follow", action="store_true", help="print the job's output as it runs (implies --wait)")
+    submit.set_defaults(handler=cmd_submit)
+
+    status = reader("status", "show one job")
+    status.add_argument("job_id")
+    status.set_defaults(handler=cmd_status)
+
+    logs = commands.add_parser("logs", help="print a job's output")
+    logs.add_argument("job_id")
+    logs.add_argument("-f", "--follow", action="store_true", help="print everything, then new output until the job ends")
+    logs.add_argument("--stderr", dest="stream", action="store_const", const="stderr", default="stdout")
+    logs.add_argument("--tail", type=int, help="last N lines (without -f)")
+    logs.set_defaults(handler=cmd_logs)
+
+    cancel = commands.add_parser("cancel", help="cancel a job")
+    cancel.add_argument("job_id")
+    cancel.set_defaults(handler=cmd_cancel)
+
+    jobs = reader("jobs", "list the account's jobs, newest first")
+    jobs.add_argument("--state", help="comma-separated states, e.g. RUNNING,PENDING")
+    jobs.add_argument("--limit", type=int, help="at most this many")
+    jobs.set_defaults(handler=cmd_jobs)
+
+    templates = reader("templates", "list templates and their parameters")
+    templates.set_defaults(handler=cmd_templates)
+
+    usage = reader("usage", "GPU-seconds, charges and balance for a month")
+    usage.add_argument("--period", help="YYYY-MM (default: this month)")
+    usage.set_defaults(handler=cmd_usage)
+
+    invoice = commands.add_parser("invoice", help="download a month's CSV invoice")
+    invoice.add_argument("period", metavar="PERIOD", help="YYYY-MM")
+    invoice.add_argument("-o", "--output", metavar="FILE", help="default: the server's file name, in this folder")
+    invoice.set_defaults(handler=cmd_invoice)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with Client(args.url, args.token) as client:
+            return args.handler(client, args)
+    except ValidationFailed as exc:
+        print(f"gpupool-client: {exc.message}", file=sys.stderr)
+        for error in exc.errors:
+            print(f"    {error.get('field') or 'body'}: {error.get('message')}", file=sys.stderr)
+        return EXIT_ERROR
+    except GpupoolError as exc:
+        print(f"gpupool-client: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("gpupool-client: interrupted; the job, if submitted, goes on", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0  # `gpupool-client logs ID | head` closed the pipe early
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""``gpupool webhooks run``: the one sender per cluster that delivers webhook events."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from types import FrameType
+from typing import Any
+
+from gpupool import db
+from gpupool.config import Settings
+from gpupool.webhooks import WebhookSender
+
+
+def cmd_webhooks_run(settings: Settings, args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = db.make_engine(settings.database_url)
+    db.ensure_migrated(engine)
+    sender = WebhookSender(db.make_session_factory(engine), settings)
+    try:
+        if args.once:
+            attempted = sender.run_once()
+            print(f"{attempted} deliveries attempted")
+            return 0
+        stopping = False
+
+        def stop(_signum: int, _frame: FrameType | None) -> None:
+            nonlocal stopping
+            stopping = True  # finish the delivery in hand, then exit
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        sender.run(stop=lambda: stopping, idle_s=args.idle_s)
+        return 0
+    finally:
+        sender.close()
+        engine.dispose()
+
+
+def add_webhook_parsers(sub: Any) -> None:
+    webhooks = sub.add_parser("webhooks", help="webhook deliveries").add_subparsers(dest="webhooks_command", required=True)
+    run = webhooks.add_parser("run", help="deliver due events until stopped (run exactly one per cluster)")
+    run.add_argument("--once", action="store_true", help="attempt what is due now, then exit")
+    run.add_argument("--idle-s", type=float, default=1.0, help="pause when nothing is due")
+    run.set_defaults(handler=cmd_webhooks_run)

@@ -1,0 +1,195 @@
+"""Webhooks end to end: real jobs on the cluster, the refresher's events, the sender, a receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+from gpupool_client import InvalidSignature, verify_signature
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
+
+from gpupool.config import Settings
+from gpupool.models import WebhookAttempt, WebhookEndpoint
+from gpupool.webhooks import WebhookSender
+from tests.conftest import bearer, wait_for, wait_for_state
+
+HELLO = {"template": "hello", "gpus": 1, "params": {"seconds": 0}}
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    """An HTTP receiver on 127.0.0.1 that answers each path with the statuses queued for it, then 200."""
+
+    url: str
+    received: list[Received] = field(default_factory=list)
+    scripted: dict[str, list[int]] = field(default_factory=dict)
+    redirects: dict[str, str] = field(default_factory=dict)
+
+    def at(self, path: str) -> list[Received]:
+        return [request for request in self.received if request.path == path]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    lock = threading.Lock()
+    state = Receiver(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with lock:
+                state.received.append(Received(self.path, dict(self.headers), body))
+                queued = state.scripted.get(self.path, [])
+                status = queued.pop(0) if queued else 200
+            if self.path in state.redirects:
+                self.send_response(302)
+                self.send_header("Location", state.redirects[self.path])
+            else:
+                self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def settings(session_settings: Settings, templates_dir: Path) -> Settings:
+    return session_settings.replace(
+        templates_dir=str(templates_dir), webhook_allow_cidrs=("127.0.0.0/8",), webhook_backoff_s=0.05
+    )
+
+
+@pytest.fixture
+def sender(session_factory: sessionmaker, settings: Settings) -> Iterator[WebhookSender]:
+    webhook_sender = WebhookSender(session_factory, settings)
+    yield webhook_sender
+    webhook_sender.close()
+
+
+def register(client: FlaskClient, auth: dict[str, str], url: str, **extra: object) -> dict[str, object]:
+    reply = client.post("/webhooks", json={"url": url, **extra}, headers=auth)
+    assert reply.status_code == 201, reply.get_json()
+    return reply.get_json()
+
+
+def deliver_until(sender: WebhookSender, done: object, what: str) -> None:
+    wait_for(lambda: sender.run_once() >= 0 and done(), what=what, interval_s=0.1)  # type: ignore[operator]
+
+
+def test_receiver_gets_one_signed_job_ended_per_job(
+    client: FlaskClient, auth: dict[str, str], receiver: Receiver, sender: WebhookSender
+) -> None:
+    endpoint = register(client, auth, receiver.url + "/all", events=["job.ended"])
+    assert str(endpoint["secret"]).startswith("whsec_")
+    assert "secret" not in client.get("/webhooks", headers=auth).get_json()["webhooks"][0]
+    submitted = client.post("/submit", json={**HELLO, "callback_url": receiver.url + "/one"}, headers=auth).get_json()
+    second = client.post("/submit", json=HELLO, headers=auth).get_json()
+    job_ids = {submitted["job_id"], second["job_id"]}
+    for job_id in job_ids:
+        wait_for_state(client, job_id, auth, {"COMPLETED"})
+
+    deliver_until(sender, lambda: len(receiver.at("/all")) >= 2 and receiver.at("/one"), "the deliveries")
+    sender.run_once()  # nothing is owed twice
+
+    events = [verify_signature(r.body, r.headers["Gpupool-Signature"], str(endpoint["secret"])) for r in receiver.at("/all")]
+    assert sorted(event["data"]["job"]["job_id"] for event in events) == sorted(job_ids)
+    assert {event["type"] for event in events} == {"job.ended"}
+    assert all(event["data"]["job"]["state"] == "COMPLETED" and event["data"]["job"]["exit_code"] == 0 for event in events)
+    assert len({event["id"] for event in events}) == 2
+    assert all(r.headers["Gpupool-Event-Id"] == json_id for r, json_id in zip(receiver.at("/all"), [e["id"] for e in events], strict=True))
+    # The callback URL gets that job's events, signed with the secret its submit answered with.
+    callback = [verify_signature(r.body, r.headers["Gpupool-Signature"], submitted["callback_secret"]) for r in receiver.at("/one")]
+    assert {event["data"]["job"]["job_id"] for event in callback} == {submitted["job_id"]}
+    assert [event["type"] for event in callback if event["type"] == "job.ended"] == ["job.ended"]
+
+    tampered = receiver.at("/all")[0]
+    with pytest.raises(InvalidSignature):
+        verify_signature(tampered.body.replace(b"COMPLETED", b"FAILED"), tampered.headers["Gpupool-Signature"], str(endpoint["secret"]))
+
+    deliveries = client.get(f"/webhooks/{endpoint['id']}/deliveries", headers=auth).get_json()["deliveries"]
+    assert sorted(d["job_id"] for d in deliveries) == sorted(job_ids)
+    assert all(d["state"] == "delivered" and [a["status_code"] for a in d["attempts"]] == [200] for d in deliveries)
+
+
+def test_a_receiver_answering_500_twice_gets_the_event_a_third_time(
+    client: FlaskClient, auth: dict[str, str], receiver: Receiver, sender: WebhookSender
+) -> None:
+    receiver.scripted["/flaky"] = [500, 500]
+    endpoint = register(client, auth, receiver.url + "/flaky", events=["job.ended"])
+    job = client.post("/submit", json=HELLO, headers=auth).get_json()
+    wait_for_state(client, job["job_id"], auth, {"COMPLETED"})
+
+    deliver_until(sender, lambda: len(receiver.at("/flaky")) >= 3, "the third attempt")
+
+    attempts = receiver.at("/flaky")
+    assert len({r.headers["Gpupool-Event-Id"] for r in attempts}) == 1
+    assert attempts[0].body == attempts[2].body
+    (delivery,) = client.get(f"/webhooks/{endpoint['id']}/deliveries", headers=auth).get_json()["deliveries"]
+    assert delivery["state"] == "delivered"
+    assert [a["status_code"] for a in delivery["attempts"]] == [500, 500, 200]
+
+
+def test_redirects_are_not_followed(
+    client: FlaskClient, auth: dict[str, str], receiver: Receiver, sender: WebhookSender, session_factory: sessionmaker
+) -> None:
+    receiver.redirects["/moved"] = receiver.url + "/elsewhere"
+    register(client, auth, receiver.url + "/moved", events=["job.ended"])
+    job = client.post("/submit", json=HELLO, headers=auth).get_json()
+    wait_for_state(client, job["job_id"], auth, {"COMPLETED"})
+
+    deliver_until(sender, lambda: len(receiver.at("/moved")) >= 2, "a retried redirect")
+
+    assert receiver.at("/elsewhere") == []
+    with session_factory() as session:
+        errors = set(session.scalars(select(WebhookAttempt.error)))
+    assert errors == {"redirects are not followed"}
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1/hook", "http://169.254.169.254/latest/meta-data/"])
+def test_internal_addresses_are_refused_at_registration(
+    client: FlaskClient, auth: dict[str, str], url: str, session_factory: sessionmaker
+) -> None:
+    for attempt in ({"url": url}, {**HELLO, "callback_url": url}):
+        path = "/webhooks" if "template" not in attempt else "/submit"
+        reply = client.post(path, json=attempt, headers=auth)
+        assert reply.status_code == 422, reply.get_json()
+        assert reply.get_json()["error"] == "webhook_url_refused"
+    with session_factory() as session:
+        # Nothing stored, so nothing can ever be sent there.
+        assert session.scalar(select(func.count()).select_from(WebhookEndpoint)) == 0
+    assert client.get("/jobs", headers=auth).get_json()["jobs"] == []
+
+
+def test_endpoints_belong_to_their_account(
+    client: FlaskClient, auth: dict[str, str], receiver: Receiver, other_account: str, settings: Settings
+) -> None:
+    endpoint = register(client, auth, receiver.url + "/mine")
+    other = bearer(settings, other_account, sub="mallory")
+    assert client.get(f"/webhooks/{endpoint['id']}/deliveries", headers=other).status_code == 404
+    assert client.delete(f"/webhooks/{endpoint['id']}", headers=other).status_code == 404
+    assert client.get("/webhooks", headers=other).get_json()["webhooks"] == []
+    assert client.delete(f"/webhooks/{endpoint['id']}", headers=auth).status_code == 204
+    assert client.get("/webhooks", headers=auth).get_json()["webhooks"] == []
