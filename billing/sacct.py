@@ -1,9 +1,13 @@
 """Reading sacct's accounting output into job runs: pure, tested on literal strings.
 
-The worker asks for exactly ``SACCT_FIELDS``; replays accept any
-``sacct --parsable2`` output whose header names at least ``REQUIRED_FIELDS``.
-``JobName`` is free text, so it must be the last column: a ``|`` in it then
-stays in the name, and a newline continues the name on the next line.
+A billing pass asks for exactly ``SACCT_FIELDS``; replays accept any
+``sacct --parsable2`` output whose header names at least ``REQUIRED_FIELDS``
+and ``ElapsedRaw`` or ``Elapsed``, or header-less output whose fields are named
+by the caller (``XDMOD_FIELDS`` for Open XDMoD's export). Field names are
+sacct's, in any case. ``JobName`` is free text, so it must be the last column:
+a ``|`` in it then stays in the name, and a newline continues the name on the
+next line. The field parsers are ``gpupool.slurm_parse``'s, whose docstring
+maps every parser of Slurm's text.
 """
 
 from __future__ import annotations
@@ -13,7 +17,15 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpupool.slurm_parse import ParseError, base_state, gpus_by_type, iter_rows, parse_time, read_header
+from gpupool.slurm_parse import (
+    ParseError,
+    base_state,
+    gpus_by_type,
+    iter_rows,
+    parse_elapsed,
+    parse_time,
+    read_header,
+)
 
 SACCT_FIELDS = (
     "Cluster",
@@ -29,7 +41,21 @@ SACCT_FIELDS = (
     "AllocTRES",
     "JobName",
 )
-REQUIRED_FIELDS = ("JobIDRaw", "Account", "State", "Start", "ElapsedRaw", "AllocTRES")
+REQUIRED_FIELDS = ("JobIDRaw", "Account", "State", "Start", "AllocTRES")
+# Exact seconds when sacct printed them; otherwise [D-]HH:MM:SS, as older dumps have it.
+ELAPSED_FIELDS = ("ElapsedRaw", "Elapsed")
+# Open XDMoD's documented shredder export:
+# TZ=UTC sacct --allusers --parsable2 --noheader --allocations --duplicates --format <these>
+XDMOD_FIELDS = (
+    "jobid", "jobidraw", "cluster", "partition", "qos", "account", "group", "gid", "user", "uid",
+    "submit", "eligible", "start", "end", "elapsed", "exitcode", "state", "nnodes", "ncpus",
+    "reqcpus", "reqmem", "reqtres", "alloctres", "timelimit", "nodelist", "jobname",
+)
+# sacct's own spelling of the names billing reads; sacct accepts any case in --format.
+_CANONICAL = {
+    name.lower(): name
+    for name in (*SACCT_FIELDS, "Elapsed", "NodeList", "Partition", "Eligible", "ExitCode", "NNodes", "ReqTRES")
+}
 # States whose runs end with an automatic credit when the operator asks for it.
 FAILED_NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 _UNFINISHED = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "STAGE_OUT"})
@@ -49,7 +75,7 @@ class JobRun:
     elapsed_s: int
     gpus: dict[str, int]
     name: str
-    # sacct's own text of start and end, reused when writing rows (see billing.worker).
+    # sacct's own text of start and end, reused when writing rows (see billing.ledger_writer).
     start_text: str = field(default="", compare=False, repr=False)
     end_text: str = field(default="", compare=False, repr=False)
 
@@ -67,7 +93,7 @@ class ParsedAccounting:
 
 def detect_delimiter(header_line: str) -> str:
     """The delimiter of a header line made of known field names, e.g. ``Cluster|JobIDRaw|...``."""
-    known = sorted(set(SACCT_FIELDS) | set(REQUIRED_FIELDS) | {"JobIDRaw", "ExitCode", "Elapsed"}, key=len, reverse=True)
+    known = sorted(set(SACCT_FIELDS) | set(REQUIRED_FIELDS) | {"ExitCode", "Elapsed"}, key=len, reverse=True)
     first = next((name for name in known if header_line.startswith(name)), None)
     if first is not None:
         rest = header_line[len(first):]
@@ -81,16 +107,25 @@ def detect_delimiter(header_line: str) -> str:
 class RunReader:
     """Runs of one sacct text, read lazily (``runs()``), so a pass can write while it reads.
 
-    ``rows`` counts every row read so far, including pending and GPU-less jobs.
+    ``fields`` names the columns of header-less output (``--noheader``); without
+    it the first line is the header. ``rows`` counts every row read so far,
+    including pending and GPU-less jobs.
     """
 
     text: str
     delimiter: str = "|"
     default_cluster: str | None = None
+    fields: tuple[str, ...] | None = None
     rows: int = 0
 
     def __post_init__(self) -> None:
-        self.header = read_header(self.text, self.delimiter, REQUIRED_FIELDS)
+        names = list(self.fields) if self.fields is not None else read_header(self.text, self.delimiter)
+        self.header = [_CANONICAL.get(name.strip().lower(), name.strip()) for name in names]
+        missing = [name for name in REQUIRED_FIELDS if name not in self.header]
+        if not any(name in self.header for name in ELAPSED_FIELDS):
+            missing.append("ElapsedRaw (or Elapsed)")
+        if missing:
+            raise ParseError(f"sacct output lacks column(s) {', '.join(missing)}; columns were {','.join(names)[:300]!r}")
         if self.header[-1] != "JobName" and "JobName" in self.header:
             raise ParseError("JobName must be the last column, or a '|' in a name would shift the columns")
         if "Cluster" not in self.header and self.default_cluster is None:
@@ -109,14 +144,15 @@ class RunReader:
         column = {name: index for index, name in enumerate(self.header)}
         i_cluster = column.get("Cluster")
         i_raw, i_account, i_state = column["JobIDRaw"], column["Account"], column["State"]
-        i_start, i_elapsed, i_tres = column["Start"], column["ElapsedRaw"], column["AllocTRES"]
+        i_start, i_tres = column["Start"], column["AllocTRES"]
+        exact_elapsed = "ElapsedRaw" in column
+        i_elapsed = column["ElapsedRaw" if exact_elapsed else "Elapsed"]
         i_id, i_end, i_name = column.get("JobID"), column.get("End"), column.get("JobName")
         default_cluster = self.default_cluster or ""
         # A cluster has few job shapes and states: the same strings recur thousands of times.
         gpus_of: dict[str, dict[str, int]] = {}
         states: dict[str, str] = {}
-        from_iso = dt.datetime.fromisoformat
-        for row in iter_rows(self.text, self.delimiter, len(self.header)):
+        for row in iter_rows(self.text, self.delimiter, len(self.header), has_header=self.fields is None):
             self.rows += 1
             raw = row[i_raw]
             if not raw.isdigit():
@@ -125,14 +161,20 @@ class RunReader:
             if "gres/gpu" not in tres:
                 continue
             elapsed_text = row[i_elapsed]
-            if not elapsed_text.isdigit():
+            if elapsed_text.isdigit():
+                elapsed_s = int(elapsed_text)
+            elif exact_elapsed:
                 raise ParseError(f"job {raw}: ElapsedRaw {elapsed_text!r} is not a number of seconds")
+            else:
+                try:
+                    elapsed_s = parse_elapsed(elapsed_text)
+                except ParseError as exc:
+                    raise ParseError(f"job {raw}: {exc}") from exc
             state = states.get(row[i_state])
             if state is None:
                 state = states[row[i_state]] = base_state(row[i_state])
             start_text = row[i_start]
-            # Slurm's own shape (2026-11-29T19:19:44, in TZ=UTC) parses on the fast path.
-            start = from_iso(start_text + "+00:00") if len(start_text) == 19 else parse_time(start_text)
+            start = parse_time(start_text)
             if start is None or state == "PENDING":
                 continue  # never allocated: no charge
             # A run with ElapsedRaw 0 bills nothing, but is kept: it may correct seconds
@@ -143,7 +185,7 @@ class RunReader:
             if not gpus:
                 continue
             end_text = row[i_end] if i_end is not None else ""
-            end = from_iso(end_text + "+00:00") if len(end_text) == 19 else parse_time(end_text)
+            end = parse_time(end_text)
             yield JobRun(
                 row[i_cluster] if i_cluster is not None else default_cluster,
                 int(raw),
@@ -152,7 +194,7 @@ class RunReader:
                 state,
                 start,
                 end,
-                int(elapsed_text),
+                elapsed_s,
                 gpus,
                 row[i_name].replace("\x00", "") if i_name is not None else "",
                 start_text,
@@ -160,8 +202,10 @@ class RunReader:
             )
 
 
-def parse_runs(text: str, *, delimiter: str = "|", default_cluster: str | None = None) -> ParsedAccounting:
+def parse_runs(
+    text: str, *, delimiter: str = "|", default_cluster: str | None = None, fields: tuple[str, ...] | None = None
+) -> ParsedAccounting:
     """Every run of ``text`` that was allocated GPUs, at once."""
-    reader = RunReader(text, delimiter, default_cluster)
+    reader = RunReader(text, delimiter, default_cluster, fields)
     runs = list(reader.runs())
     return ParsedAccounting(runs=runs, rows=reader.rows)

@@ -27,6 +27,21 @@ def _split_by_day(start: dt.datetime, end: dt.datetime) -> list[tuple[dt.date, i
     return pieces
 
 
+def gpu_seconds_by_day_and_type(session: Session, account: str, period: str) -> dict[dt.date, dict[str, int]]:
+    """GPU-seconds of one account's month per UTC day, split by GPU type (the usage page's stacked chart)."""
+    by_day: dict[dt.date, dict[str, int]] = {}
+    rows = session.connection().execute(
+        select(LedgerEntry.gpu_type, LedgerEntry.gpus, LedgerEntry.interval_from, LedgerEntry.interval_to, LedgerEntry.gpu_seconds)
+        .where(LedgerEntry.account == account, LedgerEntry.period == period)
+    )
+    for gpu_type, gpus, start, end, gpu_seconds in rows:
+        sign = -1 if gpu_seconds < 0 else 1  # correction rows take seconds back
+        for day, seconds in _split_by_day(start, end):
+            types = by_day.setdefault(day, {})
+            types[gpu_type] = types.get(gpu_type, 0) + sign * gpus * seconds
+    return by_day
+
+
 def usage(session: Session, account: str, period: str, currency: str, now: dt.datetime) -> dict[str, Any]:
     """The /usage document. Breakdown amounts are exact; ``total`` is rounded as the invoice is."""
     connection: Connection = session.connection()

@@ -1,6 +1,21 @@
-"""Parsers for Slurm's delimited output, keyed on its header row.
+"""The pieces of Slurm's text every parser shares, and the map of where each command's output is read.
 
-Only pure functions live here, so they are tested on literal strings.
+This module holds the parsers of Slurm's *fields*: delimited rows keyed on
+their header (``read_header``, ``iter_rows``, ``parse_delimited``), times,
+elapsed times, exit codes, job states, TRES GPU counts, GRES strings and host
+lists. Each *command's* output is read next to the format string that asks
+for it, so a format and its reader change together:
+
+- ``gpupool.slurm``: ``squeue`` and ``sacct`` for job state (``parse_queue``,
+  ``parse_accounting``) and ``sinfo`` for the GPU inventory (``parse_inventory``);
+- ``gpupool.slurm_detail``: ``scontrol show job --details --oneliner``, the GPU
+  indices of running jobs;
+- ``gpupool.slurm_report``: ``sinfo --Node``, ``sacct`` allocations, ``sacctmgr``
+  events, pending ``squeue`` and ``sreport`` for the operator report;
+- ``billing.sacct``: ``sacct`` accounting for billing, read lazily row by row
+  (its hot path; it calls the field parsers here).
+
+Only pure functions live in these modules, so they are tested on literal strings.
 A free-text column (a job name) may itself contain the delimiter or a newline;
 callers put at most one such column last, and ``parse_delimited`` keeps the
 rest of the line, continuation lines included, in that last column.
@@ -14,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 _NO_TIME = frozenset({"", "Unknown", "N/A", "None", "NONE", "(null)"})
+_from_iso = dt.datetime.fromisoformat
 _TRES_GPU = re.compile(r"^gres/gpu(?::(?P<type>[^=]+))?=(?P<count>\d+)$")
 
 
@@ -39,12 +55,14 @@ def read_header(text: str, delimiter: str = "|", required: Sequence[str] = ()) -
     return header
 
 
-def iter_rows(text: str, delimiter: str, width: int) -> Iterator[list[str]]:
-    """Rows after the header as field lists, lazily; a row is yielded once the next one starts."""
+def iter_rows(text: str, delimiter: str, width: int, *, has_header: bool = True) -> Iterator[list[str]]:
+    """Rows after the header (every row when ``has_header`` is false) as field lists, lazily;
+    a row is yielded once the next one starts."""
     lines = iter(text.splitlines())
-    for line in lines:
-        if line.strip():
-            break  # the header
+    if has_header:
+        for line in lines:
+            if line.strip():
+                break  # the header
     pending: list[str] | None = None
     for line in lines:
         fields = line.split(delimiter, width - 1)
@@ -75,15 +93,18 @@ def parse_delimited(text: str, delimiter: str = "|", required: Sequence[str] = (
 
 def parse_time(value: str) -> dt.datetime | None:
     """A Slurm timestamp printed under TZ=UTC, or None for Slurm's many spellings of 'none'."""
-    value = value.strip()
-    if value in _NO_TIME:
-        return None
+    # Slurm's own shape (2026-11-29T19:19:44) is tested first and needs no strip:
+    # billing reads two timestamps per sacct row.
+    if len(value) != 19:
+        value = value.strip()
+        if value in _NO_TIME:
+            return None
     # fromisoformat is an order of magnitude faster than strptime; the shape
     # check keeps it from accepting the other ISO forms Slurm never prints.
     if len(value) != 19 or value[10] != "T":
         raise ParseError(f"not a Slurm timestamp: {value!r}")
     try:
-        return dt.datetime.fromisoformat(value + "+00:00")
+        return _from_iso(value + "+00:00")
     except ValueError as exc:
         raise ParseError(f"not a Slurm timestamp: {value!r}") from exc
 
@@ -103,6 +124,46 @@ def parse_exit_code(value: str) -> tuple[int | None, int | None]:
 def base_state(value: str) -> str:
     """``'CANCELLED by 0'`` -> ``'CANCELLED'``; squeue and sacct otherwise agree."""
     return value.strip().split(" ", 1)[0].rstrip("+")
+
+
+_ELAPSED = re.compile(r"^(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)$")
+
+
+def parse_elapsed(value: str) -> int:
+    """Slurm's ``Elapsed`` (``[D-]HH:MM:SS``, e.g. ``1-02:03:04``) in seconds."""
+    match = _ELAPSED.match(value.strip())
+    if match is None:
+        raise ParseError(f"not a Slurm elapsed time [D-]HH:MM:SS: {value!r}")
+    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+_HOST_RANGE = re.compile(r"\[([^\]]*)\]")
+
+
+def expand_hostlist(value: str) -> list[str]:
+    """``cpn-f13-03-[01-02],d13n[03,05]`` -> every host name, in order; zero padding kept.
+
+    Slurm compresses one bracket per name in the lists sacct and squeue print;
+    names with several brackets expand as their product.
+    """
+    value = value.strip()
+    if value in ("", "None assigned", "(null)", "None"):
+        return []
+    hosts: list[str] = []
+    for name in re.split(r",(?![^\[]*\])", value):
+        match = _HOST_RANGE.search(name)
+        if match is None:
+            hosts.append(name)
+            continue
+        head, tail = name[: match.start()], name[match.end():]
+        for piece in match.group(1).split(","):
+            low, _, high = piece.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                raise ParseError(f"not a Slurm host list: {value!r}")
+            for number in range(int(low), int(high or low) + 1):
+                hosts.extend(expand_hostlist(f"{head}{number:0{len(low)}d}{tail}"))
+    return hosts
 
 
 def parse_int(value: str) -> int | None:

@@ -10,12 +10,14 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
-from billing import worker
+from billing import passes
 from billing.budgets import balance
+from billing.enforcement import cancel_exhausted
 from billing.invoice import check_period, invoice_filename, write_invoice
 from billing.meter import ANY_GPU_TYPE, period_of
 from billing.money import MoneyError, format_nanos, parse_nanos
 from billing.prices import price_table, set_price
+from billing.sacct import XDMOD_FIELDS
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.errors import GpupoolError, NotFound
@@ -47,7 +49,8 @@ def _optional_money(value: str) -> int | None:
     return None if value.strip().lower() == "none" else _money(value)
 
 
-def _period(value: str) -> str:
+def period_argument(value: str) -> str:
+    """argparse type of a ``--period``: a month YYYY-MM, checked as the API checks it."""
     try:
         return check_period(value)
     except GpupoolError as exc:
@@ -60,13 +63,18 @@ def _gpu_type(value: str) -> str:
     return value
 
 
-def _sessions(settings: Settings) -> tuple[Engine, sessionmaker]:
-    engine = db.make_engine(settings.database_url)
+def _sessions(settings: Settings, url: str | None = None) -> tuple[Engine, sessionmaker]:
+    engine = db.make_engine(url or settings.database_url)
     db.ensure_migrated(engine)
     return engine, db.make_session_factory(engine)
 
 
-def _describe(report: worker.PassReport) -> str:
+def _billing_sessions(settings: Settings) -> sessionmaker:
+    """The pass's connection: billing_database_url, whose role may add ledger rows but change none."""
+    return _sessions(settings, settings.billing_url())[1]
+
+
+def _describe(report: passes.PassReport) -> str:
     return (
         f"pass {report.pass_id}: {report.sacct_rows} sacct rows, {report.runs} GPU runs, "
         f"{report.ledger_rows} ledger rows, {report.gpu_seconds} GPU-seconds, "
@@ -75,20 +83,20 @@ def _describe(report: worker.PassReport) -> str:
 
 
 def cmd_billing_run(settings: Settings, args: argparse.Namespace) -> int:
-    _engine, sessions = _sessions(settings)
+    sessions = _billing_sessions(settings)
     slurm = SlurmClient(settings)
     try:
         if args.since is None and args.until is None:
-            print(_describe(worker.run_pass(sessions, slurm, settings)))
+            print(_describe(passes.run_pass(sessions, slurm, settings)))
         else:
             since = args.since or parse_utc("1970-01-01")
             until = args.until or dt.datetime.now(dt.UTC).replace(microsecond=0)
             if since >= until:
                 print("gpupool: error: --since must be before --until", file=sys.stderr)
                 return 2
-            total = worker.backfill_windows(settings, since, until)
+            total = passes.backfill_windows(settings, since, until)
             progress = _progress(total)
-            reports = worker.backfill(sessions, slurm, settings, since, until, on_window=progress)
+            reports = passes.backfill(sessions, slurm, settings, since, until, on_window=progress)
             progress(None)
             rows = sum(report.ledger_rows for report in reports)
             print(f"backfilled {since:%Y-%m-%dT%H:%M:%SZ} to {until:%Y-%m-%dT%H:%M:%SZ} in {len(reports)} passes: {rows} ledger rows")
@@ -99,12 +107,12 @@ def cmd_billing_run(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 1
     if settings.billing_cancel_exhausted:
-        for account in worker.cancel_exhausted(sessions, slurm):
+        for account in cancel_exhausted(sessions, slurm):
             print(f"account {account} has no budget left: its jobs were cancelled")
     return 0
 
 
-def _progress(total: int) -> worker.ProgressHook:
+def _progress(total: int) -> passes.ProgressHook:
     """A progress bar on a terminal; nothing when stderr is a file or a pipe (cron)."""
     if not sys.stderr.isatty():
         return lambda _report: None
@@ -112,7 +120,7 @@ def _progress(total: int) -> worker.ProgressHook:
 
     bar = tqdm(total=total, unit="window", file=sys.stderr)
 
-    def advance(report: worker.PassReport | None) -> None:
+    def advance(report: passes.PassReport | None) -> None:
         if report is None:
             bar.close()
         else:
@@ -122,9 +130,22 @@ def _progress(total: int) -> worker.ProgressHook:
     return advance
 
 
+def _field_names(value: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in value.split(","))
+    if not all(names) or len(set(map(str.lower, names))) != len(names):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of distinct sacct field names")
+    return names
+
+
 def cmd_billing_replay(settings: Settings, args: argparse.Namespace) -> int:
-    _engine, sessions = _sessions(settings)
-    report = worker.replay(sessions, settings, Path(args.file), delimiter=args.delimiter, cluster=args.cluster)
+    if args.format == "xdmod" and args.fields is not None:
+        print("gpupool: error: --format xdmod names the fields itself; give --fields only for other header-less dumps", file=sys.stderr)
+        return 2
+    fields = XDMOD_FIELDS if args.format == "xdmod" else args.fields
+    sessions = _billing_sessions(settings)
+    report = passes.replay(
+        sessions, settings, Path(args.file), delimiter=args.delimiter, cluster=args.cluster, fields=fields
+    )
     print(_describe(report))
     return 0
 
@@ -214,9 +235,20 @@ def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._
     run.add_argument("--since", type=parse_utc, help="backfill from this time (ISO 8601, UTC unless given)")
     run.add_argument("--until", type=parse_utc, help="backfill up to this time (default: now)")
     run.set_defaults(handler=cmd_billing_run)
-    replay = billing.add_parser("replay", help="bill a saved sacct --parsable2 dump (plain or .gz); idempotent")
+    replay = billing.add_parser(
+        "replay", help="bill a saved sacct --parsable2 dump (plain or .gz), ours, XDMoD's or any other; idempotent"
+    )
     replay.add_argument("file")
-    replay.add_argument("--delimiter", help="field delimiter (default: read from the header line)")
+    replay.add_argument(
+        "--format",
+        choices=("sacct", "xdmod"),
+        default="sacct",
+        help="sacct: a header line names the fields (default); xdmod: Open XDMoD's header-less 26-field export",
+    )
+    replay.add_argument(
+        "--fields", type=_field_names, help="the fields of a header-less dump, in order, e.g. jobidraw,account,state,..."
+    )
+    replay.add_argument("--delimiter", help="field delimiter (default: read from the header line, or | without one)")
     replay.add_argument("--cluster", help="cluster name, for output without a Cluster column")
     replay.set_defaults(handler=cmd_billing_replay)
 
@@ -232,13 +264,13 @@ def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._
     adjust.add_argument("--account", required=True)
     adjust.add_argument("--amount", required=True, type=_money, help="e.g. -12.50 for a credit")
     adjust.add_argument("--reason", required=True)
-    adjust.add_argument("--period", type=_period, help="invoice month YYYY-MM (default: this month)")
+    adjust.add_argument("--period", type=period_argument, help="invoice month YYYY-MM (default: this month)")
     adjust.add_argument("--by", default="operator", help="who made it, for the record")
     adjust.set_defaults(handler=cmd_adjust)
 
     invoice = sub.add_parser("invoice", help="write an account's invoice for a month as CSV")
     invoice.add_argument("--account", required=True)
-    invoice.add_argument("--period", required=True, type=_period, help="YYYY-MM")
+    invoice.add_argument("--period", required=True, type=period_argument, help="YYYY-MM")
     invoice.add_argument("-o", "--output", help="file to write (default: gpupool-invoice-ACCOUNT-PERIOD.csv; - for stdout)")
     invoice.set_defaults(handler=cmd_invoice)
 

@@ -1,0 +1,32 @@
+"""Web pages for customers and operators, served under /ui by the API's own app.
+
+Server-rendered (Jinja, autoescaped), readable without JavaScript; a little
+plain script (static files only, the CSP forbids inline code) refreshes job
+states and follows logs through JSON under /ui/data. The JSON API and its
+bearer tokens are untouched: pages authenticate with their session cookie.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, redirect, url_for
+from flask_limiter import Limiter
+from werkzeug.wrappers import Response as BaseResponse
+
+from api.web import operator  # noqa: F401  (its routes join web_bp)
+from api.web.pages import submit_job, web_bp, web_data_bp
+from api.web.session import configure_sessions
+from gpupool.config import Settings
+
+
+def register_pages(app: Flask, settings: Settings, limiter: Limiter) -> None:
+    configure_sessions(app, settings)
+    app.register_blueprint(web_bp)
+    app.register_blueprint(web_data_bp)
+    # A submit from the form spends the same budget as POST /submit.
+    limiter.limit(lambda: settings.ratelimit_submit, methods=["POST"])(submit_job)
+
+    app.add_url_rule("/", "web_root", _to_pages)
+
+
+def _to_pages() -> BaseResponse:
+    return redirect(url_for("web.index"))

@@ -1,0 +1,224 @@
+"""Slurm's answers the operator report reads: pure parsers, tested on literal strings.
+
+``gpupool.slurm_parse`` holds the field parsers these use and maps the others.
+
+Each keys on the header row Slurm prints (``parse_delimited``), so a column
+order change in a Slurm release cannot shift a value into the wrong field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from gpupool.slurm_parse import (
+    ParseError,
+    base_state,
+    expand_hostlist,
+    gpus_by_type,
+    parse_delimited,
+    parse_gres,
+    parse_int,
+    parse_time,
+)
+
+# sinfo --Node: one line per node and partition; %T is the long state (idle, mixed, drained, down*).
+NODE_FORMAT = "%N|%G|%T"
+# sacct -X: one line per allocation (and, with --duplicates, per run of a requeued job).
+ALLOCATION_FIELDS = ("JobIDRaw", "JobID", "Account", "User", "State", "Submit", "Start", "End", "AllocTRES", "NodeList")
+# sacctmgr show event: node events (down, drained) and cluster events (TRES registered, slurmctld down).
+EVENT_FIELDS = ("Cluster", "NodeName", "TimeStart", "TimeEnd", "State", "Event")
+# squeue --Format: "suffix |" separates the columns; a job asks GPUs per node or per job.
+PENDING_FORMAT = "JobID:|,Account:|,UserName:|,SubmitTime:|,Reason:|,NumNodes:|,tres-per-node:|,tres-per-job:|"
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """A node of the cluster as sinfo shows it now: its GPUs by type, and its state."""
+
+    name: str
+    gpus: dict[str, int]
+    state: str
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(self.gpus.values())
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One run of one job as sacct recorded it."""
+
+    job_id_raw: int
+    job_id: str
+    account: str
+    user: str
+    state: str
+    submitted_at: dt.datetime | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    gpus: dict[str, int]
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """A span in which a node (or, with ``node`` empty, the whole cluster) had ``state``."""
+
+    node: str
+    start: dt.datetime
+    end: dt.datetime | None  # None: still going
+    state: str
+    is_cluster: bool
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    slurm_job_id: str
+    account: str
+    user: str
+    submitted_at: dt.datetime | None
+    reason: str
+    gpus: int
+    gpu_type: str | None
+
+
+@dataclass(frozen=True)
+class SreportUtilization:
+    """``sreport cluster utilization -T gres/gpu -t seconds``: TRES-seconds in each bucket."""
+
+    allocated: int
+    down: int
+    planned_down: int
+    idle: int
+    planned: int
+    reported: int
+
+
+def parse_node_gpus(text: str) -> list[NodeGpus]:
+    """Nodes from ``sinfo --Node -o %N|%G|%T``, once each though a node sits in several partitions."""
+    nodes: dict[str, NodeGpus] = {}
+    for row in parse_delimited(text, required=("NODELIST", "GRES", "STATE")):
+        name = row["NODELIST"].strip()
+        if name in nodes:
+            continue
+        gpus: dict[str, int] = {}
+        for gres in parse_gres(row["GRES"]):
+            if gres.name == "gpu":
+                gpu_type = gres.gpu_type or "untyped"
+                gpus[gpu_type] = gpus.get(gpu_type, 0) + gres.count
+        nodes[name] = NodeGpus(name, gpus, row["STATE"].strip())
+    return sorted(nodes.values(), key=lambda node: node.name)
+
+
+def parse_allocations(text: str) -> list[Allocation]:
+    """Allocations from ``sacct -X --parsable2 --format=<ALLOCATION_FIELDS>``; steps are skipped."""
+    allocations = []
+    for row in parse_delimited(text, required=ALLOCATION_FIELDS):
+        job_id_raw = parse_int(row["JobIDRaw"])
+        if job_id_raw is None:
+            continue
+        state = base_state(row["State"])
+        started_at = parse_time(row["Start"])
+        allocations.append(
+            Allocation(
+                job_id_raw=job_id_raw,
+                job_id=row["JobID"].strip(),
+                account=row["Account"].strip().lower(),
+                user=row["User"].strip(),
+                state=state,
+                submitted_at=parse_time(row["Submit"]),
+                started_at=started_at if state != "PENDING" else None,
+                ended_at=parse_time(row["End"]) if state not in ("PENDING", "RUNNING") else None,
+                gpus=gpus_by_type(row["AllocTRES"]),
+                nodes=tuple(expand_hostlist(row["NodeList"])),
+            )
+        )
+    return allocations
+
+
+def parse_node_events(text: str) -> list[NodeEvent]:
+    """Events from ``sacctmgr --parsable2 show event format=<EVENT_FIELDS>``."""
+    events = []
+    for row in parse_delimited(text, required=EVENT_FIELDS):
+        start = parse_time(row["TimeStart"])
+        if start is None:
+            raise ParseError(f"event without a start time: {row!r}")
+        events.append(
+            NodeEvent(
+                node=row["NodeName"].strip(),
+                start=start,
+                end=parse_time(row["TimeEnd"]),
+                state=row["State"].strip(),
+                is_cluster=row["Event"].strip().lower() == "cluster",
+            )
+        )
+    return events
+
+
+def _requested_gpus(tres: str) -> dict[str, int]:
+    """``gres:gpu:rtx4090:2`` (Slurm 22.05) or ``gres/gpu:2`` (later releases) -> GPUs by type."""
+    wanted: dict[str, int] = {}
+    for item in tres.split(","):
+        item = item.strip()
+        for prefix in ("gres:", "gres/"):
+            if item.startswith(prefix):
+                item = item[len(prefix):]
+        for gres in parse_gres(item):
+            if gres.name == "gpu":
+                wanted[gres.gpu_type or ""] = wanted.get(gres.gpu_type or "", 0) + gres.count
+    return wanted
+
+
+def parse_pending(text: str) -> list[PendingJob]:
+    """Pending jobs from ``squeue --states=PENDING --Format=<PENDING_FORMAT>``."""
+    jobs = []
+    for row in parse_delimited(text, required=("JOBID", "ACCOUNT", "USER", "SUBMIT_TIME", "REASON")):
+        per_node = _requested_gpus(row.get("TRES_PER_NODE", ""))
+        nodes = parse_int(row.get("NODES", "")) or 1
+        wanted = {gpu_type: count * nodes for gpu_type, count in per_node.items()}
+        for gpu_type, count in _requested_gpus(row.get("TRES_PER_JOB", "")).items():
+            wanted[gpu_type] = wanted.get(gpu_type, 0) + count
+        typed = sorted(gpu_type for gpu_type in wanted if gpu_type)
+        jobs.append(
+            PendingJob(
+                slurm_job_id=row["JOBID"].strip(),
+                account=row["ACCOUNT"].strip().lower(),
+                user=row["USER"].strip(),
+                submitted_at=parse_time(row["SUBMIT_TIME"]),
+                reason=row["REASON"].strip(),
+                gpus=sum(wanted.values()),
+                gpu_type=",".join(typed) or None,
+            )
+        )
+    return jobs
+
+
+def parse_sreport_utilization(text: str, tres: str = "gres/gpu") -> SreportUtilization | None:
+    """The ``tres`` line of ``sreport -P -t seconds cluster utilization -T <tres>``; None: nothing rolled up.
+
+    sreport prints a banner before its header; the header is the line that starts with ``Cluster|``.
+    """
+    lines = text.splitlines()
+    start = next((index for index, line in enumerate(lines) if line.startswith("Cluster|")), None)
+    if start is None:
+        return None
+    for row in parse_delimited("\n".join(lines[start:]), required=("Allocated", "Down", "Idle", "Reported")):
+        if row.get("TRES Name", tres) == tres:
+            return SreportUtilization(
+                allocated=_seconds(row, "Allocated"),
+                down=_seconds(row, "Down"),
+                planned_down=_seconds(row, "PLND Down" if "PLND Down" in row else "Planned Down"),
+                idle=_seconds(row, "Idle"),
+                planned=_seconds(row, "Planned" if "Planned" in row else "Reserved"),
+                reported=_seconds(row, "Reported"),
+            )
+    return None
+
+
+def _seconds(row: dict[str, str], name: str) -> int:
+    """A column of seconds; one this Slurm release does not print counts as 0."""
+    value = parse_int(row.get(name) or "0")
+    if value is None:
+        raise ParseError(f"sreport {name} is not a number of seconds: {row.get(name)!r}")
+    return value
