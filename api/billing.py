@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response, jsonify, request
 
-from api.context import db_session, principal, state
+from api.context import app_state, db_session, principal
 from billing.invoice import check_period, invoice_csv_chunks, invoice_filename
 from billing.meter import period_of
 from billing.usage import usage
@@ -35,7 +35,7 @@ def _visible_account() -> str:
 def get_invoice(period: str) -> Response:
     check_period(period)
     account = _visible_account()
-    app = state()
+    app = app_state()
     currency = app.settings.currency
 
     def stream() -> Iterator[str]:
@@ -61,4 +61,4 @@ def get_usage() -> Response:
     now = utcnow()
     period = check_period(request.args.get("period") or period_of(now))
     account = _visible_account()
-    return jsonify(usage(db_session(), account, period, state().settings.currency, now))
+    return jsonify(usage(db_session(), account, period, app_state().settings.currency, now))

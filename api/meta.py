@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify
 from sqlalchemy import text
 
-from api.context import state
+from api.context import app_state
 from api.errors import error_response
 from api.openapi import openapi_document
 from api.schemas import TemplateOut
@@ -22,7 +22,7 @@ def healthz() -> Response:
 
 @meta_bp.get("/readyz")
 def readyz() -> Response:
-    app = state()
+    app = app_state()
     checks: dict[str, str] = {}
     try:
         with app.session_factory() as session:
@@ -43,7 +43,7 @@ def readyz() -> Response:
 
 @meta_bp.get("/openapi.json")
 def openapi() -> Response:
-    return jsonify(openapi_document(state().templates))
+    return jsonify(openapi_document(app_state().templates))
 
 
 @templates_bp.get("/templates")
@@ -59,7 +59,7 @@ def list_templates() -> Response:
                     default_gpus=t.default_gpus,
                     params_schema=t.parameter_schema(),
                 ).model_dump()
-                for t in state().templates.values()
+                for t in app_state().templates.values()
             ]
         }
     )

@@ -29,20 +29,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._harness import REPO, table  # noqa: E402
 from bench.synthetic_sacct import sacct_dump, seed_dump, synthetic_jobs  # noqa: E402
-from billing import worker  # noqa: E402
+from billing import passes  # noqa: E402
+from billing.ledger_writer import COPY_LEDGER_SQL, ledger_csv_lines  # noqa: E402
 from billing.meter import meter  # noqa: E402
 from billing.prices import load_prices, set_price  # noqa: E402
 from billing.sacct import parse_runs  # noqa: E402
 from gpupool import db  # noqa: E402
 from gpupool.config import load_settings  # noqa: E402
-from tests.conftest import create_database, drop_database  # noqa: E402
+from tests.support.services import create_database, drop_database  # noqa: E402
 
 SEED_SCRIPT = REPO.parent / "shared" / "baselines" / "seed-billing.sh"
 
 
 def reset(engine: db.Engine) -> None:
     with engine.begin() as connection:
+        # The bench's own throwaway database: its owner lifts the append-only trigger
+        # for this one transaction, which gpupool itself never does.
+        connection.execute(text("ALTER TABLE ledger_entries DISABLE TRIGGER ledger_entries_no_truncate"))
         connection.execute(text("TRUNCATE ledger_entries, billing_passes, adjustments"))
+        connection.execute(text("ALTER TABLE ledger_entries ENABLE TRIGGER ledger_entries_no_truncate"))
     with engine.connect() as connection:
         connection.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE ledger_entries"))
 
@@ -59,12 +64,12 @@ def time_copy(engine: db.Engine, dump: str) -> tuple[float, int]:
                 "VALUES (1, 'bench', now(), now(), 'bench', '', 0, 0, 0)"
             )
         )
-    buffer = io.StringIO("".join(worker.ledger_csv_lines(1, rows, lambda _run: None)))
+    buffer = io.StringIO("".join(ledger_csv_lines(1, rows, lambda _run: None)))
     raw = engine.raw_connection()
     try:
         cursor = raw.cursor()
         started = time.perf_counter()
-        cursor.copy_expert(worker.COPY_LEDGER_SQL, buffer)
+        cursor.copy_expert(COPY_LEDGER_SQL, buffer)
         raw.commit()
         elapsed = time.perf_counter() - started
     finally:
@@ -75,7 +80,7 @@ def time_copy(engine: db.Engine, dump: str) -> tuple[float, int]:
 def time_replay(engine: db.Engine, settings: db.Any, path: Path) -> tuple[float, int]:
     sessions = db.make_session_factory(engine)
     started = time.perf_counter()
-    report = worker.replay(sessions, settings, path)
+    report = passes.replay(sessions, settings, path)
     return time.perf_counter() - started, report.ledger_rows
 
 

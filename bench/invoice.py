@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._harness import BIN, table  # noqa: E402
 from gpupool import db  # noqa: E402
-from tests.conftest import create_database, drop_database  # noqa: E402
+from tests.support.services import create_database, drop_database  # noqa: E402
 
 FILL = """
 INSERT INTO billing_passes (id, kind, started_at, finished_at, source, source_sha256, sacct_rows, ledger_rows, adjustment_rows)

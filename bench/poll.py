@@ -63,6 +63,9 @@ def main() -> None:
     if wrk is None:
         sys.exit("bench/poll needs wrk: apt-get install wrk")
     with tempfile.TemporaryDirectory() as tmp, bench_env(Path(tmp)) as env:
+        # gunicorn runs as the service user: it must reach the counting wrappers and write their log.
+        Path(tmp).chmod(0o755)
+        env["calls"].chmod(0o666)
         with gunicorn(env, workers=args.workers, slurm_bin_dir=str(env["wrappers"]), refresh_interval_s=str(INTERVAL_S)) as url:
             submitted = http("POST", url + "/submit", token=env["token"], body={"template": "hello", "gpus": 1, "params": {"seconds": 600}})
             assert submitted.status == 201, submitted.body

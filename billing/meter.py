@@ -22,10 +22,10 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import functools
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 
-from billing.sacct import FAILED_NODE_STATES, JobRun
+from billing.sacct import JobRun
 from gpupool.errors import PriceMissing
 
 ANY_GPU_TYPE = "*"
@@ -84,12 +84,18 @@ class PriceBook:
         )
 
     def price_at(self, gpu_type: str, moment: dt.datetime) -> tuple[int, dt.datetime | None]:
-        """The unit price in force at ``moment`` and when it next changes (None: not scheduled)."""
-        starts = self._starts.get(gpu_type)
-        if starts is not None and len(starts) == 1 and starts[0] <= moment:
+        """The unit price in force at ``moment`` and when it next changes (None: not scheduled).
+
+        While the default ``*`` price applies, the type's own first price is a
+        change too: from then on the type's schedule replaces the default.
+        """
+        own_starts = self._starts.get(gpu_type)
+        if own_starts is not None and len(own_starts) == 1 and own_starts[0] <= moment:
             return self._nanos[gpu_type][0], None  # the usual case: one price, ever
         starts, nanos, index = self._schedule(gpu_type, moment)
         next_change = starts[index + 1] if index + 1 < len(starts) else None
+        if own_starts is not None and starts is not own_starts and (next_change is None or own_starts[0] < next_change):
+            next_change = own_starts[0]
         return nanos[index], next_change
 
     def price_since(self, gpu_type: str, moment: dt.datetime) -> tuple[int, dt.datetime]:
@@ -161,30 +167,41 @@ def _corrections(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: P
 _NOTHING_BILLED = Billed()
 
 
-def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBook) -> list[LedgerRow]:
-    """Rows for ``[start + billed_s, start + ElapsedRaw)``, cut at month starts and price changes."""
+def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBook, *, closes: bool = False) -> list[LedgerRow]:
+    """Rows for ``[start + billed_s, start + ElapsedRaw)``, cut at month starts and price changes.
+
+    With ``closes`` (Slurm's finished record) the last row is marked ``final``.
+    A finished run seen for the first time, inside one month and one price, is
+    the usual case: one pass of the loop, one row.
+    """
     rows: list[LedgerRow] = []
-    moment = run.start + billed_s * _ONE_SECOND
-    end = run.start + run.elapsed_s * _ONE_SECOND
+    start = run.start
+    moment = start + billed_s * _ONE_SECOND if billed_s else start
+    end = start + run.elapsed_s * _ONE_SECOND
     while moment < end:
         unit_price, price_change = prices.price_at(gpu_type, moment)
-        cut = min(end, next_month_start(moment))
+        period, month_end = _month(moment.year, moment.month)
+        cut = end if end <= month_end else month_end
         if price_change is not None and price_change < cut:
             cut = price_change
-        seconds = (cut - moment) // _ONE_SECOND
+        # ``cut is end`` exactly when no month start or price change comes first; integer
+        # arithmetic for that last (usually only) row, as timedelta division is slower.
+        seconds = run.elapsed_s - billed_s if cut is end else (cut - moment) // _ONE_SECOND
+        billed_s += seconds
         gpu_seconds = gpus * seconds
         rows.append(
             LedgerRow(
                 run=run,
                 gpu_type=gpu_type,
                 gpus=gpus,
-                period=_month(moment.year, moment.month)[0],
+                period=period,
                 interval_from=moment,
                 interval_to=cut,
                 seconds=seconds,
                 gpu_seconds=gpu_seconds,
                 unit_price_nanos=unit_price,
                 amount_nanos=gpu_seconds * unit_price,
+                final=closes and cut is end,
             )
         )
         moment = cut
@@ -194,7 +211,19 @@ def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBo
 def _final_marker(run: JobRun, gpu_type: str, gpus: int, prices: PriceBook) -> LedgerRow:
     end = run.start + run.elapsed_s * _ONE_SECOND
     unit_price, _ = prices.price_since(gpu_type, end - _ONE_SECOND if run.elapsed_s else end)
-    return LedgerRow(run, gpu_type, gpus, period_of(end), end, end, 0, 0, unit_price, 0, final=True)
+    return LedgerRow(
+        run=run,
+        gpu_type=gpu_type,
+        gpus=gpus,
+        period=period_of(end),
+        interval_from=end,
+        interval_to=end,
+        seconds=0,
+        gpu_seconds=0,
+        unit_price_nanos=unit_price,
+        amount_nanos=0,
+        final=True,
+    )
 
 
 def meter(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], prices: PriceBook) -> list[LedgerRow]:
@@ -207,23 +236,7 @@ def meter_rows(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], p
     for run in runs:
         for gpu_type, gpus in run.gpus.items():
             key = (run.cluster, run.job_id_raw, run.start, gpu_type)
-            done = billed.get(key)
-            if done is None and run.finished and run.elapsed_s > 0:
-                # The common case, kept cheap: a finished run seen for the first time,
-                # inside one month, at a price that does not change under it.
-                start = run.start
-                end = start + run.elapsed_s * _ONE_SECOND
-                period, month_end = _month(start.year, start.month)
-                unit_price, price_change = prices.price_at(gpu_type, start)
-                if end <= month_end and (price_change is None or price_change >= end):
-                    gpu_seconds = gpus * run.elapsed_s
-                    yield LedgerRow(
-                        run, gpu_type, gpus, period, start, end, run.elapsed_s, gpu_seconds,
-                        unit_price, gpu_seconds * unit_price, False, True,
-                    )
-                    billed[key] = Billed(run.elapsed_s, True)
-                    continue
-            done = done or _NOTHING_BILLED
+            done = billed.get(key, _NOTHING_BILLED)
             if done.final:
                 continue  # Slurm's final record is billed; later snapshots are older news
             if not run.finished:
@@ -232,8 +245,7 @@ def meter_rows(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], p
                     billed[key] = Billed(run.elapsed_s, False)
                 continue  # an older snapshot of a run still going: nothing new
             if run.elapsed_s > done.seconds:
-                closing = _usage(run, gpu_type, gpus, done.seconds, prices)
-                closing[-1].final = True
+                closing = _usage(run, gpu_type, gpus, done.seconds, prices, closes=True)
             elif run.elapsed_s < done.seconds:
                 closing = _corrections(run, gpu_type, gpus, done.seconds, prices)
             elif done.seconds > 0:
@@ -252,19 +264,3 @@ def billed_by_run(rows: Iterable[tuple[str, int, dt.datetime, str, int, bool]]) 
         entry.seconds += seconds
         entry.final = entry.final or bool(final)
     return totals
-
-
-def failed_node_credits(runs: Iterable[JobRun], amounts: Mapping[tuple[RunKey, str], int]) -> list[tuple[JobRun, str, int]]:
-    """``(run, period, credit)`` for each finished NODE_FAIL/BOOT_FAIL run's charges per period."""
-    credits: list[tuple[JobRun, str, int]] = []
-    for run in runs:
-        if run.state not in FAILED_NODE_STATES:
-            continue
-        per_period: dict[str, int] = {}
-        for gpu_type in run.gpus:
-            key = (run.cluster, run.job_id_raw, run.start, gpu_type)
-            for (run_key, period), nanos in amounts.items():
-                if run_key == key:
-                    per_period[period] = per_period.get(period, 0) + nanos
-        credits.extend((run, period, -nanos) for period, nanos in sorted(per_period.items()) if nanos)
-    return credits

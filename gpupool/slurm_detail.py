@@ -1,6 +1,7 @@
 """Running jobs and the GPUs each holds, from ``scontrol show job --details --oneliner``.
 
-Pure functions only, tested on recorded output. Each job is one line of
+Pure functions only, tested on recorded output (``gpupool.slurm_parse`` maps
+every parser of Slurm's text). Each job is one line of
 ``Key=Value`` words; with ``--details`` every allocated node (or group of
 identical nodes) adds ``Nodes=<hostlist> CPU_IDs=.. Mem=.. GRES=<detail>``,
 where the detail names the GPU indices, e.g. ``gpu:rtx4090:2(IDX:0-1)``
@@ -88,7 +89,8 @@ def gpu_indices(gres_detail: str) -> tuple[int, ...]:
     return tuple(sorted(set(indices)))
 
 
-def _words(text: str) -> list[tuple[str, str]]:
+def _key_value_pairs(text: str) -> list[tuple[str, str]]:
+    """``Key=Value`` words of ``text`` as pairs, in order; words without ``=`` are skipped."""
     pairs = []
     for word in text.split():
         key, sep, value = word.partition("=")
@@ -117,12 +119,12 @@ def parse_job_line(line: str) -> tuple[str, RunningJob]:
     split = _NAME_THEN_FIELDS.search(line)
     if split is None:
         raise ParseError(f"no JobName/UserId in scontrol line: {line[:120]!r}")
-    prefix = dict(_words(line[: split.start()]))
+    prefix = dict(_key_value_pairs(line[: split.start()]))
     job_id = int(prefix["JobId"])
     fields: dict[str, str] = {}
     allocations: list[NodeGpus] = []
     nodes: list[str] = []
-    for key, value in _words(line[split.end():]):
+    for key, value in _key_value_pairs(line[split.end():]):
         if key == _DETAIL_END:
             break
         if key == "Nodes":

@@ -11,7 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
-from billing import worker
+from billing import passes
 from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
 from gpupool.config import Settings
@@ -42,7 +42,7 @@ def billed(priced: None, session_factory: sessionmaker, settings: Settings, acco
     ]
     dump = tmp_path / "nov.psv"
     dump.write_text("\n".join(lines) + "\n")
-    worker.replay(session_factory, settings.replace(billing_archive_dir=str(tmp_path / "archive")), dump)
+    passes.replay(session_factory, settings.replace(billing_archive_dir=str(tmp_path / "archive")), dump)
 
 
 def test_invoice_is_a_csv_attachment_of_the_callers_own_lines(client: FlaskClient, billed: None, settings: Settings, account: str) -> None:

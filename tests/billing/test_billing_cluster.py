@@ -23,14 +23,15 @@ from gpupool.slurm import SlurmClient
 from gpupool.slurm_parse import gpus_by_type, parse_delimited, parse_time
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.conftest import bearer, slurm_cmd, throwaway_slurm_account, wait_for
+from tests.support.tenancy import sbatch_as_tenant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 DAEMON = Path("/usr/local/sbin/gpupool-daemon")
 
 
 def sbatch(account: str, *options: str, wrap: str = "sleep 2") -> int:
-    out = slurm_cmd("sbatch", "--parsable", f"--account={account}", "--partition=gpu", "--time=5", "--output=/dev/null", *options, f"--wrap={wrap}")
-    return int(out.strip().split(";")[0])
+    """Plain sbatch by the account's tenant: jobs outside the API are billed too."""
+    return sbatch_as_tenant(account, *options, wrap=wrap)
 
 
 def state_of(job_id: int) -> str:

@@ -241,3 +241,31 @@ def test_garbage_or_unpriced_input_writes_nothing(ledger_db: LedgerDb, tmp_path:
     assert ledger_db.ledger() == []
     with ledger_db.sessions() as session:
         assert session.scalar(select(func.count()).select_from(BillingPass)) == 0
+
+
+def test_a_types_own_price_starting_mid_run_replaces_the_default_from_that_moment(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    """``*`` at 100 nanos, ``a100`` at 1000 from 12-15: a day at each, whether seen in one pass or pass by pass."""
+    ledger_db.add_account("acme")
+    for price in (("*", "0.0000001", "2020-01-01T00:00:00"), ("a100", "0.000001", "2026-12-15T00:00:00")):
+        result = ledger_db.cli("price", "set", price[0], price[1], "--from", price[2])
+        assert result.returncode == 0, result.stderr
+    tres = "cpu=1,gres/gpu:a100=1,gres/gpu=1"
+    start = "2026-12-14T00:00:00"
+    replay_ok(ledger_db, dump(tmp_path, "whole.psv", row(41, "acme", "COMPLETED", start, "2026-12-16T00:00:00", 172_800, tres)))
+    for name, state, elapsed in (("a.psv", "RUNNING", 3_600), ("b.psv", "RUNNING", 93_600), ("c.psv", "COMPLETED", 172_800)):
+        end = "Unknown" if state == "RUNNING" else "2026-12-16T00:00:00"
+        replay_ok(ledger_db, dump(tmp_path, name, row(42, "acme", state, start, end, elapsed, tres)))
+    for job in (41, 42):
+        rows = [r for r in ledger_db.ledger("acme") if r[3] == job]
+        assert sum(r[16] for r in rows) == 86_400 * 100 + 86_400 * 1000 == 95_040_000
+        own_price_from = dt.datetime(2026, 12, 15, tzinfo=dt.UTC)
+        assert {r[15] for r in rows if r[12] <= own_price_from} == {100}
+        assert {r[15] for r in rows if r[11] >= own_price_from} == {1000}
+    invoice = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-12", "-o", "-").stdout)))
+    day_at_each_price = [
+        ["2026-12-14T00:00:00Z", "2026-12-15T00:00:00Z", "86400", "86400", "0.0000001", "0.01"],
+        ["2026-12-15T00:00:00Z", "2026-12-16T00:00:00Z", "86400", "86400", "0.000001", "0.09"],
+    ]
+    assert [line[2:3] + line[6:12] for line in invoice[1:-1]] == [["41", *span] for span in day_at_each_price] + [
+        ["42", *span] for span in day_at_each_price
+    ]

@@ -6,7 +6,8 @@ import datetime as dt
 
 import pytest
 
-from billing.meter import Billed, LedgerRow, PriceBook, RunKey, failed_node_credits, meter
+from billing.credits import failed_node_credits
+from billing.meter import Billed, LedgerRow, PriceBook, RunKey, meter
 from billing.sacct import JobRun
 from gpupool.errors import PriceMissing
 
@@ -153,3 +154,38 @@ def test_a_correction_across_a_month_start_and_a_price_change_is_cut_like_the_ro
 
 def test_a_run_that_ends_with_no_elapsed_time_bills_nothing() -> None:
     assert meter([run(0, state="CANCELLED")], {}, PRICES) == []
+
+
+# A run from 12-14 to 12-16 on one rtx4090: a day at the default price, then a day at the type's own.
+TYPE_PRICE_LATER = PriceBook([("*", utc("2026-01-01T00:00:00"), 100), ("rtx4090", utc("2026-12-15T00:00:00"), 1000)])
+DAY_AT_DEFAULT_THEN_DAY_AT_OWN_PRICE = 86_400 * 100 + 86_400 * 1000  # 95,040,000 nanos
+
+
+def test_a_types_own_price_starting_mid_run_replaces_the_default_in_one_pass() -> None:
+    rows = meter([run(2 * 86_400, start="2026-12-14T00:00:00", gpus={"rtx4090": 1})], {}, TYPE_PRICE_LATER)
+    assert spans(rows) == [
+        ("12-14T00:00:00", "12-15T00:00:00", 86_400, 86_400, 86_400 * 100),
+        ("12-15T00:00:00", "12-16T00:00:00", 86_400, 86_400, 86_400 * 1000),
+    ]
+    assert sum(r.amount_nanos for r in rows) == DAY_AT_DEFAULT_THEN_DAY_AT_OWN_PRICE
+
+
+def test_a_types_own_price_starting_mid_run_replaces_the_default_pass_by_pass() -> None:
+    billed: dict[RunKey, Billed] = {}
+    rows: list[LedgerRow] = []
+    for seen, state in ((3_600, "RUNNING"), (86_400 + 7_200, "RUNNING"), (2 * 86_400 + 60, "RUNNING"), (2 * 86_400, "COMPLETED")):
+        rows += meter([run(seen, start="2026-12-14T00:00:00", state=state, gpus={"rtx4090": 1})], billed, TYPE_PRICE_LATER)
+    assert sum(r.gpu_seconds for r in rows) == 2 * 86_400
+    assert sum(r.amount_nanos for r in rows) == DAY_AT_DEFAULT_THEN_DAY_AT_OWN_PRICE
+    # The seconds billed past the end are taken back at the price they were billed at.
+    assert [(r.seconds, r.unit_price_nanos) for r in rows if r.correction] == [(-60, 1000)]
+
+
+def test_a_default_price_change_still_cuts_a_type_that_has_no_price_of_its_own_yet() -> None:
+    prices = PriceBook([
+        ("*", utc("2026-01-01T00:00:00"), 100),
+        ("*", utc("2026-12-14T12:00:00"), 200),
+        ("rtx4090", utc("2026-12-15T00:00:00"), 1000),
+    ])
+    rows = meter([run(2 * 86_400, start="2026-12-14T00:00:00", gpus={"rtx4090": 1})], {}, prices)
+    assert [(r.seconds, r.unit_price_nanos) for r in rows] == [(43_200, 100), (43_200, 200), (86_400, 1000)]

@@ -112,6 +112,8 @@ def test_output_without_a_cluster_column_needs_one_named() -> None:
         (f"{HEADER}\nc|1|1|a|u|COMPLETED|2026-11-01T00:00:00|2026-11-01T00:00:00|2026-11-01T00:01:00|1:00|gres/gpu=1|n\n", "ElapsedRaw"),
         ("Cluster|JobIDRaw|JobName|Account|State|Start|ElapsedRaw|AllocTRES\n", "JobName must be the last"),
         ("", "no header"),
+        # The one timestamp rule (slurm_parse.parse_time) holds in the billing hot path too.
+        (f"{HEADER}\nc|1|1|a|u|COMPLETED|2026-11-01T00:00:00|2026-11-01 00:00:00|2026-11-01T00:01:00|60|gres/gpu=1|n\n", "not a Slurm timestamp"),
     ],
 )
 def test_malformed_output_is_refused(text: str, message: str) -> None:

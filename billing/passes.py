@@ -1,5 +1,10 @@
 """The billing pass: sacct (or a saved dump) in, ledger rows out, exactly once.
 
+This module runs passes (``run_pass``, ``backfill``, ``replay``); the rows are
+made by ``billing.meter``, written by ``billing.ledger_writer``, and the
+failed-node credits come from ``billing.credits``. Budget enforcement after a
+pass is ``billing.enforcement``.
+
 One pass is one database transaction. Its first statement updates the single
 ``billing_state`` row, which is the lock: a second pass waits there, then
 sees the first one's rows and adds nothing. The rows, the automatic credits,
@@ -10,53 +15,28 @@ it was and the next pass bills the same seconds again, once.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
-import io
-import logging
 import secrets
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, case, func, insert, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.archive import Archiver, read_text
-from billing.budgets import remaining_nanos
-from billing.meter import Billed, LedgerRow, RunKey, billed_by_run, failed_node_credits, meter_rows
+from billing.credits import credit_failed_nodes
+from billing.ledger_writer import JobIdLookup, write_ledger_rows
+from billing.meter import Billed, RunKey, billed_by_run, meter_rows
 from billing.prices import load_prices
-from billing.sacct import FAILED_NODE_STATES, SACCT_FIELDS, JobRun, RunReader, detect_delimiter
+from billing.sacct import SACCT_FIELDS, JobRun, RunReader, detect_delimiter
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
-from gpupool.models import Account, Adjustment, BillingPass, BillingState, Job, LedgerEntry
+from gpupool.models import BillingPass, BillingState, Job, LedgerEntry
 from gpupool.slurm import SlurmClient
 from gpupool.slurm_parse import ParseError
 
-log = logging.getLogger("gpupool.billing")
-LEDGER_COLUMNS = (
-    "pass_id",
-    "account",
-    "cluster",
-    "slurm_job_id",
-    "job_id_raw",
-    "run_start",
-    "gpupool_job_id",
-    "job_name",
-    "state",
-    "gpu_type",
-    "gpus",
-    "period",
-    "interval_from",
-    "interval_to",
-    "seconds",
-    "gpu_seconds",
-    "unit_price_nanos",
-    "amount_nanos",
-    "correction",
-    "final",
-)
 # A gpupool job row is written just before sbatch; allow for clock skew between hosts.
 _SUBMIT_SLACK = dt.timedelta(minutes=5)
 
@@ -104,9 +84,6 @@ def _already_billed(session: Session, span: tuple[int, int] | None) -> dict[RunK
     return billed_by_run((c, j, s, t, int(n), bool(f)) for c, j, s, t, n, f in session.execute(query))
 
 
-JobIdLookup = Callable[[JobRun], str | None]
-
-
 def _gpupool_job_ids(session: Session, span: tuple[int, int] | None) -> JobIdLookup:
     """API job id of a run: the latest job row with its Slurm id and account created before it started."""
     candidates: dict[int, list[tuple[dt.datetime, str, str]]] = {}
@@ -126,178 +103,7 @@ def _gpupool_job_ids(session: Session, span: tuple[int, int] | None) -> JobIdLoo
     return lookup
 
 
-_COPY_BATCH = 1000  # rows per chunk: ~200 KB, far below _COPY_READ_SIZE
-_COPY_READ_SIZE = 64 * 1024 * 1024
-COPY_LEDGER_SQL = (
-    f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN WITH (FORMAT csv, FORCE_NULL (gpupool_job_id))"
-)
-
-
-def _ledger_values(
-    pass_id: int, row: LedgerRow, job_id_of: JobIdLookup, run_start: object, interval_from: object, interval_to: object
-) -> tuple:
-    """One ledger row in ``LEDGER_COLUMNS`` order; the caller gives the times as it writes them."""
-    run = row.run
-    return (
-        pass_id,
-        run.account,
-        run.cluster,
-        run.job_id,
-        run.job_id_raw,
-        run_start,
-        job_id_of(run),
-        run.name,
-        run.state,
-        row.gpu_type,
-        row.gpus,
-        row.period,
-        interval_from,
-        interval_to,
-        row.seconds,
-        row.gpu_seconds,
-        row.unit_price_nanos,
-        row.amount_nanos,
-        row.correction,
-        row.final,
-    )
-
-
-def ledger_csv_lines(
-    pass_id: int, rows: Iterable[LedgerRow], job_id_of: JobIdLookup, written: list[LedgerRow] | None = None
-) -> Iterator[str]:
-    """The rows as COPY's CSV input, in ``LEDGER_COLUMNS`` order, ``_COPY_BATCH`` rows per chunk.
-
-    Each row is also appended to ``written``, if given.
-    """
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
-    batch: list[tuple] = []
-    keep = written.append if written is not None else None
-    for row in rows:
-        if keep is not None:
-            keep(row)
-        run = row.run
-        # sacct's own text where it fits: isoformat costs more than the rest of the row.
-        start_text = run.start_text + "+00:00" if run.start_text else run.start.isoformat()
-        batch.append(
-            _ledger_values(
-                pass_id,
-                row,
-                job_id_of,
-                start_text,
-                start_text if row.interval_from == run.start else row.interval_from.isoformat(),
-                run.end_text + "+00:00" if run.end_text and row.interval_to == run.end else row.interval_to.isoformat(),
-            )
-        )
-        if len(batch) == _COPY_BATCH:
-            writer.writerows(batch)
-            batch.clear()
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-    writer.writerows(batch)
-    yield buffer.getvalue()
-
-
-class _ChunkReader:
-    """A file-like view of text chunks for COPY: PostgreSQL ingests while Python still produces.
-
-    An exception while producing ends the data early and is re-raised by ``reraise``,
-    so the caller's transaction rolls back with the real cause.
-    """
-
-    def __init__(self, chunks: Iterator[str]) -> None:
-        self._chunks = chunks
-        self.error: BaseException | None = None
-
-    def read(self, size: int = -1) -> str:
-        # Whole chunks (COPY is called with a read size above any chunk): slicing a
-        # pending buffer 8 KiB at a time would copy it over and over.
-        if self.error is None:
-            try:
-                return next(self._chunks)
-            except StopIteration:
-                return ""
-            except Exception as exc:  # noqa: BLE001 - handed back by reraise()
-                self.error = exc
-        return ""
-
-    def reraise(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-
-def _insert_rows(session: Session, pass_id: int, rows: Iterable[LedgerRow], job_id_of: JobIdLookup) -> list[LedgerRow]:
-    """Write ``rows`` (consumed lazily on PostgreSQL) and return them."""
-    written: list[LedgerRow] = []
-    connection = session.connection()
-    if connection.dialect.name == "postgresql":
-        # COPY is several times faster than executemany, and reading the rows from a
-        # generator lets the server parse them on the other core while these are made.
-        reader = _ChunkReader(ledger_csv_lines(pass_id, rows, job_id_of, written))
-        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cursor.copy_expert(COPY_LEDGER_SQL, reader, size=_COPY_READ_SIZE)
-        finally:
-            cursor.close()
-        reader.reraise()
-        return written
-    written = list(rows)
-    if not written:
-        return written
-    session.execute(
-        insert(LedgerEntry),
-        [
-            dict(zip(LEDGER_COLUMNS, _ledger_values(pass_id, row, job_id_of, row.run.start, row.interval_from, row.interval_to), strict=True))
-            for row in written
-        ],
-    )
-    return written
-
-
-def _credit_failed_nodes(session: Session, runs: Sequence[JobRun], now: dt.datetime) -> int:
-    """Credit back every charge of runs that ended in NODE_FAIL or BOOT_FAIL; once per run and period."""
-    failed = [run for run in runs if run.state in FAILED_NODE_STATES]
-    if not failed:
-        return 0
-    amounts: dict[tuple[RunKey, str], int] = {}
-    for run in failed:
-        query = (
-            select(LedgerEntry.gpu_type, LedgerEntry.period, func.sum(LedgerEntry.amount_nanos))
-            .where(
-                and_(
-                    LedgerEntry.cluster == run.cluster,
-                    LedgerEntry.job_id_raw == run.job_id_raw,
-                    LedgerEntry.run_start == run.start,
-                )
-            )
-            .group_by(LedgerEntry.gpu_type, LedgerEntry.period)
-        )
-        for gpu_type, period, nanos in session.execute(query):
-            amounts[((run.cluster, run.job_id_raw, run.start, gpu_type), period)] = int(nanos)
-    written = 0
-    for run, period, credit in failed_node_credits(failed, amounts):
-        key = f"failed-node:{run.cluster}:{run.job_id_raw}:{run.start:%Y%m%dT%H%M%S}:{period}"
-        if session.execute(select(Adjustment.id).where(Adjustment.source_key == key)).first():
-            continue
-        session.add(
-            Adjustment(
-                account=run.account,
-                period=period,
-                amount_nanos=credit,
-                reason=f"automatic credit: job {run.job_id} ended in {run.state}",
-                kind="failed_node_credit",
-                source_key=key,
-                created_by="gpupool billing",
-                created_at=now,
-            )
-        )
-        written += 1
-    session.flush()
-    return written
-
-
-def bill_text(
+def bill_sacct_output(
     session: Session,
     settings: Settings,
     text: str,
@@ -308,8 +114,12 @@ def bill_text(
     window: tuple[dt.datetime | None, dt.datetime | None],
     started_at: dt.datetime,
     default_cluster: str | None = None,
+    fields: tuple[str, ...] | None = None,
 ) -> PassReport:
-    """Bill ``text`` inside the caller's transaction, which must hold the billing lock."""
+    """Bill ``text`` inside the caller's transaction, which must hold the billing lock.
+
+    ``fields`` names the columns of header-less output; without it the first line is the header.
+    """
     archiver = Archiver(text, Path(settings.billing_archive_dir), f"{started_at:%Y%m%dT%H%M%S}-{kind}")
 
     def unreadable(exc: ParseError) -> GpupoolError:
@@ -318,7 +128,7 @@ def bill_text(
         return SlurmUnavailable(f"unexpected sacct output: {exc}")
 
     try:
-        reader = RunReader(text, delimiter, default_cluster)
+        reader = RunReader(text, delimiter, default_cluster, fields)
     except ParseError as exc:
         archiver.join()
         raise unreadable(exc) from exc
@@ -350,10 +160,10 @@ def bill_text(
 
     try:
         # Read, meter and write in one stream: PostgreSQL stores rows while later ones are read.
-        rows = _insert_rows(session, record.id, meter_rows(read_runs(), billed, prices), job_id_of)
+        rows = write_ledger_rows(session, record.id, meter_rows(read_runs(), billed, prices), job_id_of)
     except ParseError as exc:
         raise unreadable(exc) from exc
-    credits = _credit_failed_nodes(session, runs, started_at) if settings.billing_credit_failed_nodes else 0
+    credits = credit_failed_nodes(session, runs, started_at) if settings.billing_credit_failed_nodes else 0
     try:
         archive_path, sha256 = archiver.result()
     except OSError as exc:
@@ -410,7 +220,7 @@ def run_pass(
         # A delimiter no job name can predict: names cannot forge columns or rows.
         delimiter = f"|{secrets.token_hex(6)}|"
         text = slurm.billing_accounting(window_start, window_end, SACCT_FIELDS, delimiter)
-        report = bill_text(
+        report = bill_sacct_output(
             session,
             settings,
             text,
@@ -459,8 +269,14 @@ def replay(
     *,
     delimiter: str | None = None,
     cluster: str | None = None,
+    fields: tuple[str, ...] | None = None,
 ) -> PassReport:
-    """Bill a saved sacct dump (ours, gzip or plain, or any ``--parsable2`` with a header); idempotent."""
+    """Bill a saved sacct dump (ours, gzip or plain, or any ``--parsable2``); idempotent.
+
+    Without ``fields`` the dump's first line is its header and names the delimiter;
+    with them (``XDMOD_FIELDS`` for an Open XDMoD export) it has no header, and the
+    delimiter is ``|`` unless given.
+    """
     try:
         text = read_text(path)
     except OSError as exc:
@@ -468,7 +284,9 @@ def replay(
     stripped = text.lstrip()
     first_line = stripped[: stripped.find("\n")] if "\n" in stripped else stripped
     if not first_line:
-        raise BadRequest(f"{path} is empty; expected sacct --parsable2 output with a header line")
+        raise BadRequest(f"{path} is empty; expected sacct --parsable2 output")
+    if delimiter is None and fields is not None:
+        delimiter = "|"
     if delimiter is None:
         try:
             delimiter = detect_delimiter(first_line)
@@ -477,7 +295,7 @@ def replay(
     started_at = utcnow().replace(microsecond=0)
     with session_factory() as session, session.begin():
         _lock(session, started_at)
-        return bill_text(
+        return bill_sacct_output(
             session,
             settings,
             text,
@@ -487,32 +305,5 @@ def replay(
             window=(None, None),
             started_at=started_at,
             default_cluster=cluster,
+            fields=fields,
         )
-
-
-def exhausted_accounts(session: Session, now: dt.datetime) -> list[str]:
-    names = session.scalars(
-        select(Account.name).where(
-            (Account.prepaid_credit_nanos.is_not(None)) | (Account.monthly_limit_nanos.is_not(None))
-        )
-    ).all()
-    exhausted = []
-    for name in names:
-        remaining = remaining_nanos(session, name, now)
-        if remaining is not None and remaining <= 0:
-            exhausted.append(name)
-    return exhausted
-
-
-def cancel_exhausted(session_factory: sessionmaker, slurm: SlurmClient, now: dt.datetime | None = None) -> list[str]:
-    """Cancel the jobs of every account whose budget is spent (operator setting billing_cancel_exhausted)."""
-    with session_factory() as session:
-        names = exhausted_accounts(session, now or utcnow())
-    cancelled = []
-    for name in names:
-        try:
-            slurm.cancel_account_jobs(name)
-            cancelled.append(name)
-        except GpupoolError as exc:
-            log.warning("could not cancel the jobs of exhausted account %s: %s", name, exc.message)
-    return cancelled
