@@ -15,6 +15,8 @@ import json
 import os
 import pwd
 import re
+import shlex
+import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -23,7 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.ansible_run import PlaybookRun, run_playbook
+from gpupool.render import DOCKER_JOB_LABEL
+from tests.cluster.ansible_run import PlaybookRun, ansible_env, run_playbook, venv_tool
 
 pytestmark = [
     pytest.mark.ansible,
@@ -53,21 +56,67 @@ class Rendered:
         return self.path(host, relative).read_text()
 
 
-def render(ansible_dir: Path, out: Path, *extra: str) -> PlaybookRun:
+def render_arguments(ansible_dir: Path, out: Path, *extra: str) -> list[str]:
     controller_key = out / "ctl1" / "etc" / "munge" / "munge.key"
     if not controller_key.exists():
         controller_key.parent.mkdir(parents=True)
         controller_key.write_bytes(os.urandom(1024))
-    return run_playbook(
-        ansible_dir,
-        "example",
-        "tests/render.yml",
-        "-e",
-        f"render_dir={out}",
-        "-e",
-        f"render_fixtures={ansible_dir / 'tests' / 'fixtures'}",
-        *extra,
+    return ["-e", f"render_dir={out}", "-e", f"render_fixtures={ansible_dir / 'tests' / 'fixtures'}", *extra]
+
+
+def render(ansible_dir: Path, out: Path, *extra: str) -> PlaybookRun:
+    return run_playbook(ansible_dir, "example", "tests/render.yml", *render_arguments(ansible_dir, out, *extra))
+
+
+def render_refused(ansible_dir: Path, out: Path, *extra: str) -> str:
+    """Render expecting some host to fail; returns the output."""
+    completed = subprocess.run(
+        [str(venv_tool("ansible-playbook")), "-i", str(ansible_dir / "inventories" / "example"), "tests/render.yml",
+         *render_arguments(ansible_dir, out, *extra)],
+        cwd=ansible_dir,
+        env=ansible_env(ansible_dir),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
+    assert completed.returncode != 0, completed.stdout
+    return completed.stdout + completed.stderr
+
+
+def boot_like(out: Path, host: str, *, cgroup_v2_only: bool, cmdline: str = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro") -> None:
+    """What the host's kernel would show: the cgroup hierarchy and the command line it booted with."""
+    controllers = out / host / "sys" / "fs" / "cgroup" / "cgroup.controllers"
+    controllers.parent.mkdir(parents=True, exist_ok=True)
+    if cgroup_v2_only:
+        controllers.write_text("cpuset cpu io memory pids\n")
+    (out / host / "proc").mkdir(parents=True, exist_ok=True)
+    (out / host / "proc" / "cmdline").write_text(cmdline + "\n")
+
+
+def with_apparmor_userns_restriction(out: Path, host: str) -> None:
+    """Ubuntu 24.04's kernel switch and AppArmor 4's policy language."""
+    switch = out / host / "proc" / "sys" / "kernel" / "apparmor_restrict_unprivileged_userns"
+    switch.parent.mkdir(parents=True, exist_ok=True)
+    switch.write_text("1\n")
+    abi = out / host / "etc" / "apparmor.d" / "abi" / "4.0"
+    abi.parent.mkdir(parents=True, exist_ok=True)
+    abi.write_text("abi 4.0\n")
+
+
+LETSENCRYPT = "etc/letsencrypt/live/gpupool.example.com"
+
+
+def with_certificate(out: Path) -> None:
+    """certbot has run on the API host (the files' contents do not matter to nginx's configuration)."""
+    live = out / "ctl1" / LETSENCRYPT
+    live.mkdir(parents=True, exist_ok=True)
+    (live / "fullchain.pem").write_text("certificate\n")
+    (live / "privkey.pem").write_text("key\n")
+
+
+def summary(out: Path, host: str) -> dict[str, object]:
+    return json.loads((out / f"{host}-summary.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +133,30 @@ def rendered(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         key_file.parent.mkdir(parents=True)
         key_file.write_bytes(key)
         key_file.chmod(0o400)
+    # Ubuntu 22.04 hosts with Slurm 21.08, booted with cgroup v2 only, the certificate in place.
+    for host in ("gpu01", "gpu02"):
+        boot_like(out, host, cgroup_v2_only=True)
+    with_certificate(out)
     first = render(ansible_dir, out)
     second = render(ansible_dir, out)
     yield Rendered(out, munge_key, first, second)
+
+
+@pytest.fixture(scope="module")
+def rendered_noble(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rendered]:
+    """Ubuntu 24.04 (Slurm 23.11): Secure Boot on, no certificate yet, AppArmor restricting user namespaces."""
+    ansible_dir = repo_root / "deploy" / "ansible"
+    out = tmp_path_factory.mktemp("render-noble")
+    for host in ("gpu01", "gpu02"):
+        boot_like(out, host, cgroup_v2_only=True)
+        with_apparmor_userns_restriction(out, host)
+    # An earlier release of the playbook turned the restriction off host-wide here.
+    legacy = out / "gpu01" / "etc" / "sysctl.d" / "90-enroot-userns.conf"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text("kernel.apparmor_restrict_unprivileged_userns = 0\n")
+    first = render(ansible_dir, out, "-e", "render_release=noble", "-e", "render_secure_boot=true")
+    second = render(ansible_dir, out, "-e", "render_release=noble", "-e", "render_secure_boot=true")
+    yield Rendered(out, b"", first, second)
 
 
 def config_lines(text: str) -> list[str]:
@@ -210,6 +280,11 @@ def test_billing_runs_every_five_minutes_as_the_service_user(rendered: Rendered)
     assert service["Type"] == ["oneshot"]
     assert service["User"] == ["gpupool"] and service["Group"] == ["gpupool"]
     assert service["ExecStart"] == ["/opt/gpupool/venv/bin/gpupool billing run"]
+    # The billing role's connection comes second, so it is the one billing uses.
+    assert service["EnvironmentFile"] == [
+        str(rendered.path("ctl1", "etc/gpupool/gpupool.env")),
+        str(rendered.path("ctl1", "etc/gpupool/billing.env")),
+    ]
     timer = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-billing.timer"))
     assert timer["Timer"]["OnCalendar"] == ["*:0/5"]
     assert timer["Timer"]["Persistent"] == ["true"]
@@ -225,16 +300,68 @@ def test_no_unit_runs_as_root(rendered: Rendered) -> None:
         assert unit_settings(text)["Service"]["NoNewPrivileges"] == ["yes"], unit
 
 
+def test_runas_helper_is_root_with_only_the_capabilities_it_needs(rendered: Rendered) -> None:
+    unit = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-runas.service"))
+    service = unit["Service"]
+    assert service["ExecStart"] == ["/opt/gpupool/venv/bin/gpupool runas serve --socket /run/gpupool-runas/runas.sock"]
+    assert service["User"] == ["root"] and service["Group"] == ["root"]
+    # It reads the job root and the service user and group from the API's environment.
+    assert service["EnvironmentFile"] == [str(rendered.path("ctl1", "etc/gpupool/gpupool.env"))]
+    assert service["RuntimeDirectory"] == ["gpupool-runas"] and service["RuntimeDirectoryMode"] == ["0750"]
+    assert service["CapabilityBoundingSet"][0].split() == [
+        "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_KILL",
+    ]
+    assert service["NoNewPrivileges"] == ["yes"]
+    assert service["ProtectSystem"] == ["strict"] and service["ReadWritePaths"] == ["/srv/gpupool/jobs"]
+    assert service["ProtectHome"] == ["yes"] and service["PrivateTmp"] == ["yes"]
+    # It makes set-group-id job folders, which RestrictSUIDSGID would refuse.
+    assert "RestrictSUIDSGID" not in service
+    assert unit["Unit"]["RequiresMountsFor"] == ["/srv/gpupool/jobs"]
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_api_needs_the_runas_helper_and_can_gain_no_privileges(rendered: Rendered) -> None:
+    unit = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-api.service"))
+    assert unit["Unit"]["Requires"] == ["gpupool-runas.service"]
+    assert "gpupool-runas.service" in unit["Unit"]["After"][0].split()
+    assert unit["Service"]["NoNewPrivileges"] == ["yes"]
+    assert unit["Service"]["RestrictSUIDSGID"] == ["yes"]
+
+
 def test_environment_file_is_private_and_has_the_settings(rendered: Rendered) -> None:
     env_file = rendered.path("ctl1", "etc/gpupool/gpupool.env")
     info = env_file.stat()
     assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == 0
     env = dict(line.split("=", 1) for line in config_lines(env_file.read_text()))
     assert env["GPUPOOL_JWT_SECRET"] == '"render-secret-not-for-use"'
-    assert env["GPUPOOL_DATABASE_URL"] == '"postgresql://gpupool@/gpupool?host=/var/run/postgresql"'
+    # The API's own role: it cannot write the ledger, and no other role's password is here.
+    assert env["GPUPOOL_DATABASE_URL"] == '"postgresql://gpupool_api:render-api-password@127.0.0.1/gpupool"'
+    assert "render-billing-password" not in env_file.read_text()
+    assert "render-migrate-password" not in env_file.read_text()
     assert env["GPUPOOL_RATELIMIT_STORAGE_URI"] == '"redis://127.0.0.1:6379/0"'
-    assert env["GPUPOOL_SLURM_USER"] == '"gpupool"'
+    assert env["GPUPOOL_SERVICE_USER"] == '"gpupool"' and env["GPUPOOL_SERVICE_GROUP"] == '"gpupool"'
+    # The API and billing reach the run-as helper here; the setting Slurm's user once had is gone.
+    assert env["GPUPOOL_RUNAS_SOCKET"] == '"/run/gpupool-runas/runas.sock"'
+    assert "GPUPOOL_SLURM_USER" not in env
     assert env["GPUPOOL_CONTAINER_RUNTIME"] == '"pyxis"'
+
+
+def test_billing_and_the_operator_connect_as_their_own_database_roles(rendered: Rendered) -> None:
+    files = {name: rendered.path("ctl1", f"etc/gpupool/{name}.env") for name in ("billing", "operator")}
+    for env_file in files.values():
+        info = env_file.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == 0
+    assert dict(line.split("=", 1) for line in config_lines(files["billing"].read_text())) == {
+        "GPUPOOL_BILLING_DATABASE_URL": '"postgresql://gpupool_billing:render-billing-password@127.0.0.1/gpupool"',
+    }
+    assert dict(line.split("=", 1) for line in config_lines(files["operator"].read_text())) == {
+        "GPUPOOL_DATABASE_URL": '"postgresql://gpupool_migrate:render-migrate-password@127.0.0.1/gpupool"',
+        "GPUPOOL_DATABASE_API_ROLE": '"gpupool_api"',
+        "GPUPOOL_DATABASE_BILLING_ROLE": '"gpupool_billing"',
+    }
+    # The API's unit reads none of them.
+    api = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-api.service"))["Service"]
+    assert api["EnvironmentFile"] == [str(rendered.path("ctl1", "etc/gpupool/gpupool.env"))]
 
 
 def test_environment_file_reads_back_the_same_in_a_shell(rendered: Rendered) -> None:
@@ -256,10 +383,50 @@ def test_gpupool_wrapper_is_valid_sh_and_drops_to_the_service_user(rendered: Ren
     assert "exec runuser -u gpupool -- /opt/gpupool/venv/bin/gpupool \"$@\"" in wrapper.read_text()
 
 
+def test_gpupool_wrapper_runs_billing_as_billing_and_the_rest_as_the_owner(rendered: Rendered, tmp_path: Path) -> None:
+    # The wrapper as rendered, but showing the connections it would hand to gpupool.
+    text = rendered.text("ctl1", "usr/local/sbin/gpupool")
+    text = text.replace("cd /var/lib/gpupool\n", "").replace(
+        'exec runuser -u gpupool -- /opt/gpupool/venv/bin/gpupool "$@"',
+        'printf "%s %s" "$GPUPOOL_DATABASE_URL" "$GPUPOOL_BILLING_DATABASE_URL"',
+    )
+    probe = tmp_path / "gpupool"
+    probe.write_text(text)
+
+    def urls(*argv: str) -> list[str]:
+        return subprocess.run(["sh", str(probe), *argv], capture_output=True, text=True, timeout=10, check=True).stdout.split()
+
+    billing_url = "postgresql://gpupool_billing:render-billing-password@127.0.0.1/gpupool"
+    assert urls("billing", "run") == ["postgresql://gpupool_api:render-api-password@127.0.0.1/gpupool", billing_url]
+    assert urls("price", "set", "rtx4090", "0.0001") == [
+        "postgresql://gpupool_migrate:render-migrate-password@127.0.0.1/gpupool",
+        billing_url,
+    ]
+
+
+def test_gpupool_wrapper_creates_accounts_as_root_and_runs_the_rest_as_the_service(rendered: Rendered, tmp_path: Path) -> None:
+    # The wrapper as rendered, but saying whom it would run gpupool as.
+    text = rendered.text("ctl1", "usr/local/sbin/gpupool")
+    text = text.replace("cd /var/lib/gpupool\n", "")
+    text = text.replace('exec runuser -u gpupool -- /opt/gpupool/venv/bin/gpupool "$@"', "echo gpupool; exit")
+    text = text.replace('exec /opt/gpupool/venv/bin/gpupool "$@"', "echo root; exit")
+    probe = tmp_path / "gpupool"
+    probe.write_text(text)
+
+    def runs_as(*argv: str) -> str:
+        return subprocess.run(["sh", str(probe), *argv], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+
+    assert runs_as("account", "create", "acme", "--gpu-limit", "8") == "root"
+    assert runs_as("account", "list", "--json") == "gpupool"
+    assert runs_as("billing", "run") == "gpupool"
+    assert runs_as("token", "create", "--user", "alice", "--account", "create") == "gpupool"
+
+
 def test_nginx_terminates_tls_and_hides_metrics(rendered: Rendered) -> None:
     site = rendered.text("ctl1", "etc/nginx/sites-available/gpupool")
     assert "listen 443 ssl" in site
-    assert "ssl_certificate /etc/letsencrypt/live/gpupool.example.com/fullchain.pem;" in site
+    assert f"ssl_certificate {rendered.path('ctl1', LETSENCRYPT)}/fullchain.pem;" in site
+    assert f"ssl_certificate_key {rendered.path('ctl1', LETSENCRYPT)}/privkey.pem;" in site
     assert re.search(r"location = /metrics \{\s*return 404;", site)
     assert "server 127.0.0.1:8000;" in site
 
@@ -283,3 +450,405 @@ def test_cron_can_run_billing_instead_of_the_timer(repo_root: Path, tmp_path: Pa
     cron = config_lines((tmp_path / "ctl1" / "etc" / "cron.d" / "gpupool-billing").read_text())
     wrapper = tmp_path / "ctl1" / "usr" / "local" / "sbin" / "gpupool"
     assert cron[-1] == f"*/5 * * * * root flock --nonblock /run/lock/gpupool-billing.lock {wrapper} billing run"
+
+
+def _flags(defaults_file: str) -> list[str]:
+    """The ARGS of an /etc/default file of Ubuntu's Prometheus packages, as the shell splits them."""
+    line = next(line for line in config_lines(defaults_file) if line.startswith("ARGS="))
+    return shlex.split(shlex.split(line.partition("=")[2])[0])
+
+
+def test_monitoring_listens_on_each_hosts_private_address_only(rendered: Rendered) -> None:
+    for host, address in (("gpu01", "10.0.0.21"), ("gpu02", "10.0.0.22")):
+        exporter = unit_settings(rendered.text(host, "etc/systemd/system/gpu-exporter.service"))["Service"]["ExecStart"]
+        assert exporter == [f"/usr/local/lib/nvidia_gpu_exporter-1.3.1/nvidia_gpu_exporter --web.listen-address={address}:9400"]
+    for host, address in (("ctl1", "10.0.0.10"), ("gpu01", "10.0.0.21"), ("gpu02", "10.0.0.22")):
+        assert _flags(rendered.text(host, "etc/default/prometheus-node-exporter")) == [f"--web.listen-address={address}:9100"]
+    assert _flags(rendered.text("ctl1", "etc/default/prometheus")) == [
+        "--web.listen-address=10.0.0.10:9090",
+        "--storage.tsdb.retention.time=30d",
+    ]
+    # Prometheus finds itself where it now listens, not on localhost.
+    config = yaml.safe_load(rendered.text("ctl1", "etc/prometheus/prometheus.yml"))
+    own = next(job for job in config["scrape_configs"] if job["job_name"] == "prometheus")
+    assert own["static_configs"][0]["targets"] == ["10.0.0.10:9090"]
+    assert rendered.second.changed == {"ctl1": 0, "gpu01": 0, "gpu02": 0}, rendered.second.output
+
+
+# --- tenants: each account's Unix user on every compute node ---------------------------
+
+# Names no machine running these tests has.
+TENANT_ACCOUNTS = [
+    {"account": "rndacme", "unix_user": "gp-rndacme", "unix_uid": 251001},
+    {"account": "rndbeta", "unix_user": "gp-rndbeta", "unix_uid": 251002},
+    # Made before tenants: no Unix user until `gpupool account create` runs for it again.
+    {"account": "rndlegacy", "unix_user": None, "unix_uid": None},
+]
+
+
+def fake_gpupool(folder: Path, accounts: list[dict[str, object]]) -> Path:
+    """Stands in for the API host's gpupool command: answers `account list --json` only."""
+    script = folder / "gpupool"
+    script.write_text(f"#!/bin/sh\n[ \"$*\" = 'account list --json' ] || exit 2\necho {shlex.quote(json.dumps(accounts))}\n")
+    script.chmod(0o755)
+    return script
+
+
+def plan_tenants(repo_root: Path, out: Path, accounts: list[dict[str, object]]) -> PlaybookRun:
+    """The tenants step in check mode (tests/render.yml, --tags tenants), reading the accounts from the API host."""
+    cli = fake_gpupool(out, accounts)
+    return render(repo_root / "deploy" / "ansible", out, "--tags", "tenants", "-e", f"tenants_cli={cli}", "-e", "tenants_from_api=true")
+
+
+def test_tenants_step_gives_each_compute_node_every_accounts_user(repo_root: Path, tmp_path: Path) -> None:
+    plan_tenants(repo_root, tmp_path, TENANT_ACCOUNTS)
+    created = {host: json.loads((tmp_path / f"{host}-tenants.json").read_text()) for host in ("ctl1", "gpu01", "gpu02")}
+    assert created["gpu01"] == created["gpu02"] == TENANT_ACCOUNTS[:2]
+    # ctl1 runs the API, where `gpupool account create` made them.
+    assert created["ctl1"] == []
+    for account in TENANT_ACCOUNTS[:2]:
+        with pytest.raises(KeyError):
+            pwd.getpwnam(str(account["unix_user"]))  # check mode: nothing was made here
+
+
+def test_tenants_step_refuses_a_uid_outside_the_tenant_range(repo_root: Path, tmp_path: Path) -> None:
+    # A regular user's uid: the run-as helper would refuse to act as it.
+    with pytest.raises(AssertionError, match="uid from 200000 to 299999"):
+        plan_tenants(repo_root, tmp_path, [{"account": "rndlow", "unix_user": "gp-rndlow", "unix_uid": 1000}])
+
+
+# --- container runtime: the Prolog and Epilog slurmd runs around every job --------------
+
+PROLOG = "usr/local/sbin/gpupool-container-prolog"
+EPILOG = "usr/local/sbin/gpupool-container-epilog"
+
+
+def run_hook(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run a hook as slurmd does: as root, with the job's SLURM_* variables and little else."""
+    return subprocess.run(["/bin/bash", str(script)], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_container_runtime_slurm_runs_the_hooks_on_every_host(rendered: Rendered) -> None:
+    settings = config_lines(rendered.text("ctl1", "etc/slurm/slurm.conf"))
+    assert "Prolog=/usr/local/sbin/gpupool-container-prolog" in settings
+    assert "Epilog=/usr/local/sbin/gpupool-container-epilog" in settings
+    for host in ("gpu01", "gpu02"):
+        for hook in (PROLOG, EPILOG):
+            path = rendered.path(host, hook)
+            info = path.stat()
+            assert stat.S_IMODE(info.st_mode) == 0o755 and info.st_uid == 0, (host, hook)
+            subprocess.run(["/bin/bash", "-n", str(path)], timeout=10, check=True)
+    assert not rendered.path("ctl1", EPILOG).exists()  # slurmd runs them; the controller has none
+
+
+def test_container_runtime_epilog_removes_the_jobs_docker_and_enroot_containers(rendered: Rendered) -> None:
+    text = rendered.text("gpu01", EPILOG)
+    # The label gpupool's docker job script puts on the container (gpupool/render.py).
+    assert f'--filter "label={DOCKER_JOB_LABEL}=$job_id"' in text
+    assert 'docker rm --force $ids' in text
+    assert '"pyxis_${job_id}_"* | "pyxis_${job_id}."*)' in text
+
+
+@pytest.mark.parametrize("job_env", [{"SLURM_JOB_ID": "77", "SLURM_JOB_USER": "nobody"}, {}, {"SLURM_JOB_ID": "77;reboot"}])
+def test_container_runtime_epilog_never_drains_the_node(rendered: Rendered, job_env: dict[str, str]) -> None:
+    # Neither docker nor enroot is installed here: the hook must still end in success.
+    assert run_hook(rendered.path("gpu01", EPILOG), **job_env).returncode == 0
+
+
+def test_container_runtime_prolog_gives_the_job_user_private_enroot_folders(rendered: Rendered, tmp_path: Path) -> None:
+    nobody = pwd.getpwnam("nobody")
+    host_root = rendered.path("gpu02", "")
+    folders = [host_root / root / f"user-{nobody.pw_uid}" for root in ("run/enroot", "var/lib/enroot/cache", "var/lib/enroot/data")]
+    # Another user got there first: a folder of its own, and a link to somewhere else.
+    planted = folders[2] / "pyxis_1_x"
+    planted.mkdir(parents=True)
+    os.chown(folders[2], nobody.pw_uid + 1, nobody.pw_gid)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folders[0].parent.mkdir(parents=True)
+    folders[0].symlink_to(elsewhere)
+
+    job = {"SLURM_JOB_ID": "78", "SLURM_JOB_UID": str(nobody.pw_uid), "SLURM_JOB_GID": str(nobody.pw_gid)}
+    assert run_hook(rendered.path("gpu02", PROLOG), **job).returncode == 0
+    for folder in folders:
+        info = folder.lstat()
+        assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700, folder
+        assert (info.st_uid, info.st_gid) == (nobody.pw_uid, nobody.pw_gid), folder
+    assert not planted.exists()
+    assert elsewhere.is_dir()  # the link was replaced, not followed
+    assert run_hook(rendered.path("gpu02", PROLOG), **job).returncode == 0  # and again, unchanged
+    assert run_hook(rendered.path("gpu02", PROLOG), SLURM_JOB_UID="x").returncode == 0
+
+
+def test_container_runtime_off_leaves_slurm_conf_without_hooks(repo_root: Path, tmp_path: Path) -> None:
+    # inventories/local turns the role off, and has no cgroups: its slurm.conf must stay as it was.
+    render(
+        repo_root / "deploy" / "ansible", tmp_path, "-e", "container_runtime_enabled=false",
+        "-e", "slurm_common_proctrack_type=proctrack/linuxproc",
+    )
+    settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
+    assert not [line for line in settings if line.startswith(("Prolog=", "Epilog="))]
+    assert not (tmp_path / "gpu01" / EPILOG).exists()
+    assert "JobAcctGatherType=jobacct_gather/linux" in settings
+
+
+# --- issue 8: a multi-node first install that converges -----------------------------------
+
+ANSIBLE_DIR_PARTS = ("deploy", "ansible")
+
+
+def test_ubuntu_22_04_and_24_04_each_render_twice_without_change(rendered: Rendered, rendered_noble: Rendered) -> None:
+    for run in (rendered, rendered_noble):
+        assert run.second.changed == {"ctl1": 0, "gpu01": 0, "gpu02": 0}, run.second.output
+    assert summary(rendered.root, "gpu01")["slurm_versions"] == {"slurmd": "21.08.5-2ubuntu1"}
+    assert summary(rendered_noble.root, "ctl1")["slurm_versions"] == {
+        "slurm-client": "23.11.4-1.2ubuntu5", "slurmctld": "23.11.4-1.2ubuntu5", "slurmdbd": "23.11.4-1.2ubuntu5",
+    }
+
+
+def test_slurm_version_mix_of_22_04_and_24_04_is_refused_naming_hosts(repo_root: Path, tmp_path: Path) -> None:
+    # The example's controller on 22.04 (21.08), gpu02 installed from 24.04 (23.11).
+    output = render_refused(
+        repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "--tags", "versions",
+        "-e", json.dumps({"render_slurm_versions": {"gpu02": "23.11.4-1.2ubuntu5 (apt candidate, not installed yet)"}}),
+    )
+    assert (
+        "slurmd 23.11.4-1.2ubuntu5 (apt candidate, not installed yet) on gpu02 is newer than "
+        "slurmctld 21.08.5-2ubuntu1 on ctl1"
+    ) in output
+
+
+@pytest.mark.parametrize(
+    ("versions", "refusal"),
+    [
+        # 23.11 talks to 23.02 and 22.05 (two earlier releases).
+        ({"ctl1": "23.11.4-1", "gpu01": "23.02.7-1", "gpu02": "22.05.8-4"}, None),
+        # 21.08 is three releases behind 23.11.
+        (
+            {"ctl1": "23.11.4-1", "gpu01": "23.11.4-1", "gpu02": "21.08.5-2ubuntu1"},
+            "slurmd 21.08.5-2ubuntu1 on gpu02 is 3 major releases behind slurmctld 23.11.4-1 on ctl1 "
+            "(21.08 -> 22.05 -> 23.02 -> 23.11); Slurm 23.11 works with at most 2 earlier releases (23.02, 22.05).",
+        ),
+        # From 24.11 on, three earlier releases: 24.11 still talks to 23.02, 25.05 no longer does.
+        ({"ctl1": "24.11.1-1", "gpu01": "23.02.7-1", "gpu02": "24.05.4-1"}, None),
+        (
+            {"ctl1": "25.05.0-1", "gpu01": "23.02.7-1", "gpu02": "25.05.0-1"},
+            "slurmd 23.02.7-1 on gpu01 is 4 major releases behind slurmctld 25.05.0-1 on ctl1",
+        ),
+    ],
+)
+def test_slurm_versions_within_slurms_release_window(
+    repo_root: Path, tmp_path: Path, versions: dict[str, str], refusal: str | None,
+) -> None:
+    ansible_dir = repo_root.joinpath(*ANSIBLE_DIR_PARTS)
+    arguments = ("--tags", "versions", "-e", json.dumps({"render_slurm_versions": versions}))
+    if refusal is None:
+        render(ansible_dir, tmp_path, *arguments)
+    else:
+        assert refusal in render_refused(ansible_dir, tmp_path, *arguments)
+
+
+def test_cgroup_v1_boot_option_on_22_04_shares_the_drivers_single_reboot(rendered: Rendered, rendered_noble: Rendered) -> None:
+    dropin = "etc/default/grub.d/90-gpupool-cgroup-v1.cfg"
+    for host in ("gpu01", "gpu02"):
+        assert 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT systemd.unified_cgroup_hierarchy=0"' in config_lines(
+            rendered.text(host, dropin)
+        )
+        # One reason, noted for the single reboot (common's reboot.yml), not a stop of its own.
+        assert summary(rendered.root, host)["reboot_reasons"] == [
+            "cgroup v1 controllers for Slurm 21.08 (systemd.unified_cgroup_hierarchy=0)"
+        ]
+        # 24.04's Slurm 23.11 has cgroup v2: no boot option, no reboot.
+        assert not rendered_noble.path(host, dropin).exists()
+        assert summary(rendered_noble.root, host)["reboot_reasons"] == []
+    assert summary(rendered.root, "ctl1")["reboot_reasons"] == []
+
+
+def test_cgroup_v1_node_rebooted_with_the_option_needs_no_more_reboots(repo_root: Path, tmp_path: Path) -> None:
+    for host in ("gpu01", "gpu02"):
+        boot_like(out=tmp_path, host=host, cgroup_v2_only=False, cmdline="ro quiet systemd.unified_cgroup_hierarchy=0")
+    render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "--tags", "driver")
+    assert summary(tmp_path, "gpu01")["reboot_reasons"] == []
+
+
+def test_nvidia_driver_headless_server_packages_with_dkms_without_secure_boot(rendered: Rendered) -> None:
+    for host in ("gpu01", "gpu02"):
+        assert summary(rendered.root, host)["secure_boot_on"] is False
+        assert summary(rendered.root, host)["driver_packages"] == ["nvidia-headless-535-server", "nvidia-utils-535-server"]
+    assert summary(rendered.root, "ctl1")["driver_packages"] is None  # no GPU, no driver
+
+
+def test_nvidia_driver_canonicals_signed_modules_under_secure_boot(rendered_noble: Rendered, repo_root: Path, tmp_path: Path) -> None:
+    assert summary(rendered_noble.root, "gpu01")["secure_boot_on"] is True
+    assert summary(rendered_noble.root, "gpu01")["driver_packages"] == [
+        "linux-modules-nvidia-535-server-generic",
+        "nvidia-headless-no-dkms-535-server",
+        "nvidia-utils-535-server",
+    ]
+    # 22.04 with the HWE kernel installed: the modules of its flavour.
+    render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "--tags", "driver", "-e", "render_secure_boot=true")
+    assert summary(tmp_path, "gpu02")["driver_packages"][0] == "linux-modules-nvidia-535-server-generic-hwe-22.04"
+
+
+def test_slurm_accounts_jobs_from_their_cgroups_in_production(rendered: Rendered) -> None:
+    assert "JobAcctGatherType=jobacct_gather/cgroup" in config_lines(rendered.text("ctl1", "etc/slurm/slurm.conf"))
+
+
+def test_tls_without_a_certificate_serves_a_self_signed_one(rendered_noble: Rendered) -> None:
+    assert summary(rendered_noble.root, "ctl1")["tls_mode"] == "self_signed"
+    site = rendered_noble.text("ctl1", "etc/nginx/sites-available/gpupool")
+    tls = rendered_noble.path("ctl1", "etc/gpupool/tls")
+    assert f"ssl_certificate {tls}/selfsigned.crt;" in site
+    assert f"ssl_certificate_key {tls}/selfsigned.key;" in site
+    certificate = subprocess.run(
+        ["openssl", "x509", "-noout", "-subject", "-in", str(tls / "selfsigned.crt")],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout
+    assert "CN = gpupool.example.com" in certificate  # gpupool_api_server_name
+    assert stat.S_IMODE((tls / "selfsigned.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE(tls.stat().st_mode) == 0o700
+
+
+def test_tls_port_80_answers_certbots_challenge(rendered: Rendered) -> None:
+    site = rendered.text("ctl1", "etc/nginx/sites-available/gpupool")
+    webroot = rendered.path("ctl1", "var/www/letsencrypt")
+    assert re.search(r"location /\.well-known/acme-challenge/ \{\s*root " + re.escape(str(webroot)) + ";", site)
+    assert "return 301 https://$host$request_uri;" in site
+    assert webroot.is_dir()
+
+
+def test_tls_http_fallback_listens_on_the_private_address_only(repo_root: Path, tmp_path: Path) -> None:
+    render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "--tags", "api", "-e", "gpupool_api_tls_fallback=http")
+    site = (tmp_path / "ctl1" / "etc" / "nginx" / "sites-available" / "gpupool").read_text()
+    assert [line.strip() for line in config_lines(site) if line.strip().startswith("listen")] == ["listen 10.0.0.10:80;"]
+    assert "ssl_certificate" not in site
+
+
+def test_backup_dumps_the_database_nightly_and_keeps_two_weeks(rendered: Rendered) -> None:
+    service = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-backup.service"))["Service"]
+    script = rendered.path("ctl1", "usr/local/sbin/gpupool-backup")
+    assert service["User"] == ["postgres"] and service["ExecStart"] == [str(script)]
+    timer = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-backup.timer"))
+    assert timer["Timer"]["OnCalendar"] == ["*-*-* 03:17:00"] and timer["Timer"]["Persistent"] == ["true"]
+    assert timer["Install"]["WantedBy"] == ["timers.target"]
+    subprocess.run(["sh", "-n", str(script)], timeout=10, check=True)
+    text = script.read_text()
+    assert "pg_dump --format=custom" in text and "gpupool" in text
+    assert "-mtime +14 -delete" in text
+    assert "pg_restore --clean --if-exists --dbname gpupool FILE" in text  # how to restore, where an operator looks
+    backups = rendered.path("ctl1", "var/backups/gpupool")
+    assert stat.S_IMODE(backups.stat().st_mode) == 0o700 and backups.stat().st_uid == pwd.getpwnam("postgres").pw_uid
+
+
+def test_enroot_gets_an_apparmor_profile_on_24_04_not_a_host_wide_switch(rendered: Rendered, rendered_noble: Rendered) -> None:
+    for host in ("gpu01", "gpu02"):
+        profile = rendered_noble.text(host, "etc/apparmor.d/enroot-nsenter")
+        assert "abi <abi/4.0>," in profile
+        assert re.search(r"^/usr/bin/enroot-nsenter flags=\(unconfined\) \{\s*userns,", profile, re.MULTILINE)
+        assert not rendered.path(host, "etc/apparmor.d/enroot-nsenter").exists()  # 22.04: no restriction, no profile
+    assert not rendered_noble.path("gpu01", "etc/sysctl.d/90-enroot-userns.conf").exists()
+
+
+def test_shared_storage_exports_without_root_squash_to_the_api_hosts_only(repo_root: Path, tmp_path: Path) -> None:
+    # An NFS server that is not the API host, so that the API host is a client too.
+    render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "--tags", "storage", "-e", "shared_storage_nfs_server=gpu02")
+    export = config_lines((tmp_path / "gpu02" / "etc" / "exports.d" / "gpupool.exports").read_text())
+    shared = tmp_path / "shared" / "srv" / "gpupool"
+    assert export == [
+        f"{shared} 10.0.0.10(rw,sync,no_subtree_check,sec=sys,no_root_squash) 10.0.0.21(rw,sync,no_subtree_check,sec=sys,root_squash)"
+    ]
+    for host in ("ctl1", "gpu01"):
+        assert config_lines((tmp_path / host / "etc" / "fstab").read_text()) == [
+            f"10.0.0.22:{shared} {shared} nfs nfsvers=4.2,hard,noatime,_netdev 0 0"
+        ]
+    job_root = shared / "jobs"
+    assert stat.S_IMODE(job_root.stat().st_mode) == 0o711
+    assert not [path for path in job_root.iterdir()]  # the check file is gone, the tenant folders are gpupool's
+
+
+def test_shared_storage_check_stops_when_a_node_does_not_see_the_job_root(repo_root: Path, tmp_path: Path) -> None:
+    output = render_refused(
+        repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "--tags", "storage", "-e", json.dumps({"render_blind_hosts": ["gpu02"]}),
+    )
+    assert re.search(r"gpu02 cannot read \S+/shared/srv/gpupool/jobs/\.gpupool-storage-check-[0-9a-f]+, which ctl1 just wrote", output)
+    assert "gpu01 cannot read" not in output and "gpu01, gpu02" not in output
+    assert not list((tmp_path / "shared" / "srv" / "gpupool" / "jobs").iterdir())
+
+
+def test_a_dead_compute_node_is_skipped_and_keeps_its_slurm_conf_line(rendered: Rendered, repo_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "render"
+    shutil.copytree(rendered.root, out, symlinks=True)
+    before = (out / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text()
+    output = render_refused(repo_root.joinpath(*ANSIBLE_DIR_PARTS), out, "-e", json.dumps({"render_fail_hosts": ["gpu02"]}))
+    recap = output[output.rfind("PLAY RECAP"):]
+    assert re.search(r"^gpu02\s*:.*failed=1", recap, re.MULTILINE)
+    assert re.search(r"^ctl1\s*:.*failed=0", recap, re.MULTILINE) and re.search(r"^gpu01\s*:.*failed=0", recap, re.MULTILINE)
+    assert "gpu02 is unreachable or failed earlier in this run (see the recap): its node line stays as the controller has it" in output
+    # Unchanged on the controller and the live node: gpu02's line and its GPU type stay.
+    assert (out / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text() == before
+    assert (out / "gpu01" / "etc" / "slurm" / "slurm.conf").read_text() == before
+    # The API host's configuration still converged.
+    assert (out / "ctl1" / "etc" / "systemd" / "system" / "gpupool-api.service").exists()
+
+
+def test_a_dead_node_never_configured_joins_slurm_conf_at_a_later_run(repo_root: Path, tmp_path: Path) -> None:
+    # A first install with gpu02 down: the others converge without it.
+    output = render_refused(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "-e", json.dumps({"render_fail_hosts": ["gpu02"]}))
+    assert "gpu02 is unreachable or failed earlier in this run (see the recap): it has no node line yet" in output
+    settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
+    assert [line.split()[0] for line in settings if line.startswith("NodeName=")] == ["NodeName=gpu01"]
+    assert next(line for line in settings if line.startswith("AccountingStorageTRES=")) == "AccountingStorageTRES=gres/gpu,gres/gpu:rtx4090"
+
+
+# --- what the roles fetch and install ------------------------------------------------------
+
+
+def role_tasks(repo_root: Path) -> Iterator[tuple[Path, dict[str, object]]]:
+    """Every task (blocks opened) of every role's task files."""
+
+    def walk(tasks: list[dict[str, object]]) -> Iterator[dict[str, object]]:
+        for task in tasks or []:
+            yield task
+            for key in ("block", "rescue", "always"):
+                yield from walk(task.get(key) or [])  # type: ignore[arg-type]
+
+    for path in sorted(repo_root.joinpath(*ANSIBLE_DIR_PARTS, "roles").glob("*/tasks/*.yml")):
+        for task in walk(yaml.safe_load(path.read_text()) or []):
+            yield path, task
+
+
+def test_every_download_is_checked_against_a_pinned_checksum(repo_root: Path) -> None:
+    downloads = 0
+    for path, task in role_tasks(repo_root):
+        get_url = task.get("ansible.builtin.get_url")
+        if isinstance(get_url, dict) and "key" not in str(get_url.get("dest", "")) and not str(get_url.get("dest", "")).endswith(".asc"):
+            downloads += 1
+            assert str(get_url.get("checksum", "")).startswith("sha256:"), (path, task["name"])
+        unarchive = task.get("ansible.builtin.unarchive")
+        if isinstance(unarchive, dict):
+            assert "://" not in str(unarchive["src"]) and "_url" not in str(unarchive["src"]), (path, task["name"])
+        apt = task.get("ansible.builtin.apt")
+        if isinstance(apt, dict) and "deb" in apt:
+            assert "_url" not in str(apt["deb"]) and "://" not in str(apt["deb"]), (path, task["name"])
+    assert downloads >= 3  # enroot, pyxis, the GPU exporter
+
+
+def test_every_install_refreshes_the_package_index_first(repo_root: Path) -> None:
+    # A task installs only when a package is missing, and then refreshes the index,
+    # whatever its age: an interrupted first run converges on the next.
+    defaults = yaml.safe_load(repo_root.joinpath(*ANSIBLE_DIR_PARTS, "roles", "common", "defaults", "main.yml").read_text())
+    assert defaults["common_apt_cache_valid_time_s"] == 0
+    for path, task in role_tasks(repo_root):
+        apt = task.get("ansible.builtin.apt")
+        if isinstance(apt, dict) and ("name" in apt or "deb" in apt) and apt.get("state", "present") == "present":
+            assert apt.get("update_cache") is True, (path, task["name"])
+            assert apt.get("cache_valid_time", "{{ common_apt_cache_valid_time_s }}") == "{{ common_apt_cache_valid_time_s }}", (path, task["name"])
+
+
+def test_the_api_virtualenv_installs_pinned_dependencies(repo_root: Path) -> None:
+    release = repo_root.joinpath(*ANSIBLE_DIR_PARTS, "roles", "gpupool_api", "tasks", "release.yml").read_text()
+    assert "'--constraint', gpupool_api_home ~ '/releases/' ~ gpupool_api_release ~ '.lock'" in release
+    lock = [line for line in (repo_root / "requirements.lock").read_text().splitlines() if line and not line.startswith("#")]
+    assert lock and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[^\s=]+", line) for line in lock), lock
+    pinned = {line.split("==")[0].lower().replace("_", "-") for line in lock}
+    assert {"flask", "gunicorn", "sqlalchemy", "psycopg2-binary", "alembic"} <= pinned

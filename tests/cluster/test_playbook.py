@@ -41,18 +41,27 @@ def test_rerun_changes_nothing(repo_root: Path) -> None:
     assert set(result.changed.values()) == {0}, f"a rerun changed something:\n{result.output}"
 
 
-def test_sudo_user_becomes_the_slurm_operator_gpupool_runs_as(repo_root: Path) -> None:
+def test_playbook_takes_slurm_operator_rights_and_associations_from_the_service_user(repo_root: Path) -> None:
     # 'nobody' exists on every Debian/Ubuntu machine and never owns a Slurm user otherwise.
     user = "nobody"
     try:
+        # As earlier releases left gpupool's service user (SUDO_USER here): a Slurm operator.
+        run(["sacctmgr", "--immediate", "add", "user", user, "account=root", "adminlevel=Operator"])
         first = converge(repo_root, SUDO_USER=user)
-        assert list(first.changed.values()) == [1]
+        assert list(first.changed.values()) == [2]  # demoted, then its association removed
         level = run(["sacctmgr", "--noheader", "--parsable2", "show", "user", user, "format=user,adminlevel"])
-        assert level.strip() == f"{user}|Operator"
+        assert level.strip() in ("", f"{user}|None")
+        associations = run(["sacctmgr", "--noheader", "--parsable2", "show", "association", "where", f"user={user}", "format=account"])
+        assert associations.strip() == ""  # it can submit nothing of its own, under no account
         again = converge(repo_root, SUDO_USER=user)
         assert list(again.changed.values()) == [0]
     finally:
         subprocess.run(["sacctmgr", "--immediate", "delete", "user", user], capture_output=True, timeout=60, check=False)
+
+
+def test_tenants_group_exists_for_the_accounts_users() -> None:
+    # The run-as helper acts only as a member of this group (gpupool/tenants.py).
+    assert run(["getent", "group", "gpupool-tenants"]).startswith("gpupool-tenants:")
 
 
 def test_config_has_gpu_accounting_settings() -> None:

@@ -1,0 +1,128 @@
+"""A compute node dies under a running job: Slurm, the API, billing and the playbook's answers."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import os
+import pwd
+import secrets
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from api import create_app
+from gpupool.config import Settings
+from gpupool.models import Account
+from gpupool.slurm import SlurmClient
+from tests.billing.conftest import RTX3090_NANOS, LedgerDb, _prepare
+from tests.conftest import bearer, create_database, drop_database, wait_for, wait_for_state
+from tests.multinode.conftest import (
+    GPU2_NODE,
+    MULTINODE_SLURM_CONF,
+    multinode_account,
+    namespace_pids,
+    node_line,
+    node_state,
+    run_multinode_playbook,
+    sacct_runs,
+)
+
+pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory, session_settings: Settings) -> Iterator[LedgerDb]:
+    """A database of its own, shared by the API and the billing passes (`gpupool billing run`)."""
+    name = f"gpupool_mnbill_{secrets.token_hex(4)}"
+    prepared = _prepare(create_database(name), tmp_path_factory.mktemp("archive"))
+    prepared.settings = session_settings.replace(
+        database_url=prepared.url, billing_archive_dir=prepared.settings.billing_archive_dir
+    )
+    yield prepared
+    prepared.engine.dispose()
+    drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def billed_account(ledger: LedgerDb) -> Iterator[str]:
+    with multinode_account(SlurmClient(ledger.settings), "nf") as name:
+        user = f"gp-{name}"
+        with ledger.sessions() as session, session.begin():
+            session.add(Account(name=name, gpu_limit=8, unix_user=user, unix_uid=pwd.getpwnam(user).pw_uid))
+        yield name
+
+
+def kill_node(node: str) -> None:
+    """What a power cut does to a node: its slurmd and every process of its namespace die at once."""
+    pids = namespace_pids(node)
+    assert pids, f"nothing runs on {node}"
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: not namespace_pids(node), timeout_s=30, what=f"{node}'s processes to be gone")
+
+
+def test_a_job_on_a_node_that_dies_ends_node_fail_is_credited_and_the_node_comes_back(
+    ledger: LedgerDb, billed_account: str
+) -> None:
+    app = create_app(ledger.settings.replace(refresh_interval_s=1.0), session_factory=ledger.sessions)
+    client = app.test_client()
+    headers = bearer(ledger.settings, billed_account)
+    created = client.post(
+        "/submit", headers=headers, json={"template": "hello", "gpus": 2, "gpu_type": "rtx3090", "params": {"seconds": 600}}
+    )
+    assert created.status_code == 201, created.get_json()
+    job = created.get_json()
+    running = wait_for_state(client, job["job_id"], headers, {"RUNNING"}, timeout_s=120)
+    assert running["node"] == GPU2_NODE
+    wait_for(lambda: sacct_runs(job["slurm_job_id"])[0]["State"] == "RUNNING", timeout_s=60, what="sacct to see it run")
+    # Billed while it runs, as the timer's passes would.
+    assert ledger.cli("billing", "run", SLURM_CONF=MULTINODE_SLURM_CONF).returncode == 0
+
+    kill_node(GPU2_NODE)
+
+    # slurmctld stops hearing from the node (SlurmdTimeout), marks it DOWN and fails its job;
+    # the partition does not requeue (JobRequeue=0), so the job ends there.
+    failed = wait_for_state(client, job["job_id"], headers, {"NODE_FAIL"}, timeout_s=180)
+    assert failed["node"] == GPU2_NODE
+    (run,) = wait_for(
+        lambda: [r for r in sacct_runs(job["slurm_job_id"]) if r["State"] == "NODE_FAIL" and r["End"] != "Unknown"],
+        timeout_s=60, what="sacct to record NODE_FAIL",
+    )
+    assert "gres/gpu:rtx3090=2" in run["AllocTRES"].split(",")
+    assert node_state(GPU2_NODE).startswith("down")
+    assert "Reason=Not responding" in node_line(GPU2_NODE)
+
+    # The next billing pass charges the run's last seconds and credits all of it back.
+    billing = ledger.cli("billing", "run", SLURM_CONF=MULTINODE_SLURM_CONF)
+    assert billing.returncode == 0, billing.stderr
+    charged = sum(row[16] for row in ledger.ledger(billed_account) if row[2] == str(job["slurm_job_id"]))
+    assert charged == 2 * int(run["ElapsedRaw"]) * RTX3090_NANOS
+    period = f"{dt.datetime.now(dt.UTC):%Y-%m}"
+    invoice = ledger.cli("invoice", "--account", billed_account, "--period", period, "-o", "-")
+    assert invoice.returncode == 0, invoice.stderr
+    lines = list(csv.DictReader(io.StringIO(invoice.stdout)))
+    credits = [line for line in lines if line["line_type"] == "adjustment"]
+    assert len(credits) == 1
+    assert f"automatic credit: job {job['slurm_job_id']} ended in NODE_FAIL" in str(credits[0])
+    job_cents = sum(round(float(line["amount"]) * 100) for line in lines if line["line_type"] == "job")
+    assert round(float(credits[0]["amount"]) * 100) == -job_cents
+    assert round(float(lines[-1]["amount"]) * 100) == 0  # the total: nothing owed for the lost run
+    again = ledger.cli("billing", "run", SLURM_CONF=MULTINODE_SLURM_CONF)
+    assert again.returncode == 0
+    assert len([line for line in csv.DictReader(io.StringIO(ledger.cli(
+        "invoice", "--account", billed_account, "--period", period, "-o", "-").stdout)) if line["line_type"] == "adjustment"]) == 1
+
+    # The playbook starts the node's slurmd again; Slurm took the node out itself (not
+    # responding), so it returns to service and takes jobs (an operator's drain would stay).
+    run_multinode_playbook()
+    assert node_state(GPU2_NODE) == "idle"
+    after = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 2, "gpu_type": "rtx3090"})
+    assert after.status_code == 201
+    done = wait_for_state(client, after.get_json()["job_id"], headers, {"COMPLETED", "FAILED"}, timeout_s=120)
+    assert done["state"] == "COMPLETED" and done["node"] == GPU2_NODE
