@@ -40,7 +40,15 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from gpupool.config import Settings, load_settings
-from gpupool.errors import CommandFailed, CommandTimedOut, ConfigError, GpupoolError, RunasUnavailable, TenantError
+from gpupool.errors import (
+    CommandFailed,
+    CommandTimedOut,
+    ConfigError,
+    GpupoolError,
+    RunasUnavailable,
+    SubmissionUncertain,
+    TenantError,
+)
 from gpupool.proc import CommandResult, minimal_env, run_command
 from gpupool.render import job_tag
 from gpupool.tenants import Tenant, ensure_tenant_folder, lookup_tenant, service_gid
@@ -312,12 +320,14 @@ class RunasClient:
         self.socket_path = settings.runas_socket
 
     def _call(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        sent = False
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                 # The helper enforces the command's own timeout; this one only guards the helper.
                 conn.settimeout(timeout_s + self.settings.runas_timeout_s)
                 conn.connect(self.socket_path)
                 conn.sendall(json.dumps(request).encode() + b"\n")
+                sent = True
                 reply = b""
                 while not reply.endswith(b"\n"):
                     chunk = conn.recv(65536)
@@ -327,16 +337,25 @@ class RunasClient:
         except TimeoutError as exc:
             raise CommandTimedOut([request.get("op", "runas")], timeout_s, "the run-as helper did not answer") from exc
         except OSError as exc:
+            if sent:
+                raise self._lost_answer(request) from exc
             raise RunasUnavailable(
                 f"the gpupool run-as helper is not answering on {self.socket_path}: {exc.strerror or exc}"
             ) from exc
         try:
             answer: dict[str, Any] = json.loads(reply)
         except ValueError as exc:
-            raise RunasUnavailable("the gpupool run-as helper closed the connection without an answer") from exc
+            raise self._lost_answer(request) from exc
         if answer.get("outcome") == "refused":
             raise TenantError(f"the run-as helper refused: {answer.get('message')}")
         return answer
+
+    @staticmethod
+    def _lost_answer(request: dict[str, Any]) -> SubmissionUncertain:
+        """The helper had the request and may have run it: the caller must look before acting again."""
+        return SubmissionUncertain(
+            f"the gpupool run-as helper took the {request.get('op')} request but gave no answer; it may have run"
+        )
 
     @staticmethod
     def _result(argv: list[str], answer: dict[str, Any]) -> CommandResult:

@@ -20,6 +20,7 @@ import pytest
 from gpupool.slurm import SlurmClient
 from tests.conftest import REPO, base_settings, slurm_cmd, throwaway_slurm_account, wait_for
 from tests.live.conftest import free_port
+from tests.support.tenancy import TENANT_PREFIX, sbatch_as_tenant
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 DCGM_SCRAPE = REPO / "tests" / "unit" / "fixtures" / "dcgm_exporter_vm.prom"
@@ -42,11 +43,7 @@ def rows_of(view: str, job_id: int) -> dict[int, list[str]]:
 def gpu_job() -> Iterator[tuple[int, str, set[int]]]:
     """A running 2-GPU job of a new account: (Slurm job id, account, the GPU indices Slurm gave it)."""
     with throwaway_slurm_account(SlurmClient(base_settings()), "top") as account:
-        out = slurm_cmd(
-            "sbatch", "--parsable", f"--account={account}", "--partition=gpu", "--gres=gpu:2",
-            "--job-name=top-live", "--output=/dev/null", "--wrap", "sleep 600",
-        )
-        job_id = int(out.strip().split(";")[0])
+        job_id = sbatch_as_tenant(account, "--gres=gpu:2", "--job-name=top-live", wrap="sleep 600")
 
         def detail() -> str:
             text = slurm_cmd("scontrol", "--details", "show", "job", str(job_id))
@@ -66,7 +63,7 @@ def test_top_shows_a_running_jobs_account_and_gpus(gpu_job: tuple[int, str, set[
     rows = rows_of(result.stdout, job_id)
     assert set(rows) == indices, result.stdout
     for index, row in rows.items():
-        assert row[1:6] == [account, "root", NODE, str(index), UTILIZATION[index]]
+        assert row[1:6] == [account, TENANT_PREFIX + account, NODE, str(index), UTILIZATION[index]]
     assert "\x1b" not in result.stdout  # --once is plain text
 
 

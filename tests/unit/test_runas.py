@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from gpupool.config import Settings
-from gpupool.errors import TenantError
+from gpupool.errors import RunasUnavailable, SubmissionUncertain, TenantError
 from gpupool.render import JobSpec, render
-from gpupool.runas import check_submit_options
+from gpupool.runas import RunasClient, check_submit_options
 from gpupool.slurm import QueueEntry, SlurmClient
 from gpupool.tenants import tenant_user_name
 
@@ -74,3 +76,30 @@ def test_tenant_user_names_fit_useradd() -> None:
     assert tenant_user_name(settings, "acme") == "gp-acme"
     with pytest.raises(TenantError, match="too long"):
         tenant_user_name(settings, "a" * 30)
+
+
+def test_a_helper_that_takes_a_submit_and_drops_the_connection_leaves_it_uncertain(tmp_path: Path) -> None:
+    """The helper may have run sbatch: the API must look for the tag, never free the request."""
+    path = str(tmp_path / "runas.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def take_and_drop() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+
+    taker = threading.Thread(target=take_and_drop)
+    taker.start()
+    client = RunasClient(Settings(service_user="gpupool", service_group="gpupool", runas_socket=path))
+    with pytest.raises(SubmissionUncertain):
+        client.submit("acme", JOB_ID, "#!/bin/bash\n", rendered_options(), timeout_s=2)
+    taker.join()
+    listener.close()
+
+
+def test_no_helper_at_all_is_unavailable_and_nothing_was_sent(tmp_path: Path) -> None:
+    client = RunasClient(Settings(service_user="gpupool", service_group="gpupool", runas_socket=str(tmp_path / "none.sock")))
+    with pytest.raises(RunasUnavailable, match="not answering"):
+        client.submit("acme", JOB_ID, "#!/bin/bash\n", rendered_options(), timeout_s=2)
