@@ -120,7 +120,10 @@ class Destination:
 
 def check_destination(url: str, allow: Sequence[Network]) -> Destination:
     """Resolve ``url``'s host and refuse it unless every address is public or allowlisted; sends nothing."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # "Invalid IPv6 URL" and the like: not a URL at all
+        raise WebhookUrlRefused(f"the webhook URL is not a valid URL: {exc}", errors=[{"field": "url", "message": "not a URL"}]) from exc
     if parts.scheme not in ("http", "https"):
         raise WebhookUrlRefused("a webhook URL must start with https:// or http://", errors=[{"field": "url", "message": "not http(s)"}])
     if not parts.hostname:

@@ -19,6 +19,8 @@ from gpupool.webhooks import allowed_networks, check_destination, signature_head
         "http://169.254.169.254/latest/meta-data/", "http://[fd00:ec2::254]/", "http://[fe80::1]/", "http://0.0.0.0/",
         "http://224.0.0.1/", "ftp://example.com/hook", "http://user:pw@93.184.216.34/hook", "https:///nohost",
         "http://93.184.216.34:99999/",
+        # Found by schemathesis: urlsplit raises on it, which was a 500.
+        'http://[3EUtBtbMyaAD:YsLs[P:"#FtA%J,J:L4',
     ],
 )
 def test_internal_or_malformed_destinations_are_refused(url: str) -> None:
