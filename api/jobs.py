@@ -101,19 +101,24 @@ def _idempotency_key() -> str | None:
     return key
 
 
+def submit_request(body: dict[str, Any]) -> SubmitRequest:
+    """``body`` as a typed submit request, or ValidationFailed naming each field: the API's and the form's rule."""
+    try:
+        return SubmitRequest.model_validate(body)
+    except ValidationError as exc:
+        errors = validation_error_list(exc)
+        raise ValidationFailed(
+            "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
+        ) from exc
+
+
 @submit_bp.post("/submit")
 def submit_job() -> tuple[Response, int, dict[str, str]]:
     body = _json_body()
     unknown = set(body) - set(SubmitRequest.model_fields)
     if unknown:
         raise UnknownFields(unknown, SubmitRequest.model_fields)
-    try:
-        req = SubmitRequest.model_validate(body)
-    except ValidationError as exc:
-        errors = validation_error_list(exc)
-        raise ValidationFailed(
-            "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
-        ) from exc
+    req = submit_request(body)
     job, replayed = submit(app_state(), db_session(), principal(), req, body, _idempotency_key())
     headers = {"Location": url_for("jobs.get_job", job_id=job.id)}
     if replayed:

@@ -345,22 +345,7 @@ class SlurmClient:
 
     def allocations(self, start: dt.datetime, end: dt.datetime) -> list[Allocation]:
         """Every run, of every user, pending or running at some moment of [start, end]."""
-        result = self._command(
-            "sacct",
-            [
-                "--allusers",
-                "--allocations",
-                "--duplicates",
-                "--parsable2",
-                f"--starttime={start:%Y-%m-%dT%H:%M:%S}",
-                f"--endtime={end:%Y-%m-%dT%H:%M:%S}",
-                "--format=" + ",".join(ALLOCATION_FIELDS),
-            ],
-            timeout_s=self.settings.billing_sacct_timeout_s,
-        )
-        if "error:" in result.stderr:  # slurmdbd half answering: never read it as "no jobs"
-            raise CommandFailed(result.argv, result.returncode, result.stderr)
-        return self._parsed("sacct", parse_allocations, result)
+        return self._parsed("sacct", parse_allocations, self._sacct_window(start, end, ALLOCATION_FIELDS))
 
     def node_events(self, start: dt.datetime, end: dt.datetime) -> list[NodeEvent]:
         """Node (down, drained) and cluster events that overlap [start, end], from slurmdbd."""
@@ -401,28 +386,29 @@ class SlurmClient:
     # -- accounts -----------------------------------------------------------------
 
     def billing_accounting(self, start: dt.datetime, end: dt.datetime, fields: Sequence[str], delimiter: str) -> str:
-        """Raw ``sacct`` text of every allocation, of every user, in every run, active in [start, end].
+        """Raw ``sacct`` text of every allocation, of every user, in every run, active in [start, end]."""
+        return self._sacct_window(start, end, fields, delimiter=delimiter).stdout
+
+    def _sacct_window(
+        self, start: dt.datetime, end: dt.datetime, fields: Sequence[str], *, delimiter: str | None = None
+    ) -> CommandResult:
+        """sacct of every allocation of every user, each run apart, active in [start, end].
 
         sacct exits 1 when slurmdbd is down; any ``error:`` it prints is also a
-        failure, so a pass never mistakes a half answer for "no jobs".
+        failure, so no caller mistakes a half answer for "no jobs".
         """
-        window = [f"--starttime={start:%Y-%m-%dT%H:%M:%S}", f"--endtime={end:%Y-%m-%dT%H:%M:%S}"]
-        result = self._command(
-            "sacct",
-            [
-                "--allusers",
-                "--allocations",
-                "--duplicates",
-                "--parsable2",
-                f"--delimiter={delimiter}",
-                *window,
-                "--format=" + ",".join(fields),
-            ],
-            timeout_s=self.settings.billing_sacct_timeout_s,
-        )
+        args = ["--allusers", "--allocations", "--duplicates", "--parsable2"]
+        if delimiter is not None:
+            args.append(f"--delimiter={delimiter}")
+        args += [
+            f"--starttime={start:%Y-%m-%dT%H:%M:%S}",
+            f"--endtime={end:%Y-%m-%dT%H:%M:%S}",
+            "--format=" + ",".join(fields),
+        ]
+        result = self._command("sacct", args, timeout_s=self.settings.billing_sacct_timeout_s)
         if "error:" in result.stderr:
             raise CommandFailed(result.argv, result.returncode, result.stderr)
-        return result.stdout
+        return result
 
     def cancel_account_jobs(self, account: str) -> None:
         """Cancel every pending and running job the account's tenant submitted, as that tenant."""

@@ -15,7 +15,6 @@ from typing import Any
 
 import jwt
 from flask import Blueprint, Response, current_app, g, redirect, render_template, request, session, url_for
-from pydantic import ValidationError
 from sqlalchemy import select, union
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
@@ -26,7 +25,6 @@ from api.auth import count_unauthenticated, principal_for_token
 from api.context import app_state, db_session, principal
 from api.errors import status_for
 from api.metrics import JOBS_SUBMITTED
-from api.schemas import SubmitRequest
 from api.submission import submit
 from api.web import charts
 from api.web.forms import RESOURCE_FIELDS, param_fields, submit_body
@@ -44,11 +42,9 @@ from gpupool.errors import (
     NotFound,
     ServiceUnavailable,
     Unauthorized,
-    ValidationFailed,
 )
 from gpupool.models import Account, Adjustment, Job, LedgerEntry
 from gpupool.render import log_path
-from gpupool.templates import validation_error_list
 
 web_bp = Blueprint("web", __name__, url_prefix="/ui", template_folder="templates", static_folder="static")
 # JSON the pages' scripts poll, answered by the API's own views with the session's caller.
@@ -285,13 +281,7 @@ def submit_job() -> BaseResponse | tuple[str, int]:
     entered = request.form.to_dict()
     try:
         body = submit_body(template_name, template.parameter_schema(), entered)
-        try:
-            req = SubmitRequest.model_validate(body)
-        except ValidationError as exc:
-            errors = validation_error_list(exc)
-            raise ValidationFailed(
-                "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
-            ) from exc
+        req = jobs_api.submit_request(body)
         # The form's one-time key: a double click or a resent form submits the job once.
         key = entered.get(_SUBMISSION_FIELD) or None
         job, replayed = submit(app_state(), db_session(), principal(), req, body, key)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import os
 import pwd
-import random
 import secrets
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -30,10 +29,10 @@ from gpupool.models import Account
 from gpupool.proc import run_command
 from gpupool.slurm import SlurmClient
 from gpupool.slurm_parse import parse_delimited
-from gpupool.tenants import ensure_tenant_user, remove_tenant_user
 from tests.cluster.ansible_run import PlaybookRun, run_playbook
-from tests.conftest import REPO, base_settings, wait_for
-from tests.support.services import TENANT_PREFIX
+from tests.conftest import REPO, base_settings
+from tests.support.services import TENANT_PREFIX, throwaway_slurm_account
+from tests.support.services import cancel_account_jobs as cancel_jobs_of
 from tests.support.tenancy import runas_helper
 
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
@@ -115,28 +114,12 @@ def session_settings(pg_url: str, job_root: Path, runas_socket: str, slurm_wrapp
 
 
 def cancel_account_jobs(account: str) -> None:
-    mn_cmd("scancel", f"--account={account}", check=False)
-    wait_for(
-        lambda: not mn_cmd("squeue", "-h", f"--account={account}", "-t", "PENDING,RUNNING,COMPLETING").strip(),
-        timeout_s=90,
-        what=f"jobs of {account} to leave the multinode queue",
-    )
+    cancel_jobs_of(account, run=mn_cmd, timeout_s=90)
 
 
-@contextmanager
-def multinode_account(slurm: SlurmClient, prefix: str, gpu_limit: int = 8) -> Iterator[str]:
-    """A Slurm account with its own tenant user (gp-<account>, on every host: they share /etc/passwd)."""
-    name = f"{prefix}{secrets.token_hex(4)}"
-    settings = slurm.settings
-    uid = random.randint(settings.tenant_uid_min + 50_000, settings.tenant_uid_max)
-    tenant = ensure_tenant_user(settings, name, uid=uid)
-    slurm.ensure_account(name, gpu_limit, tenant.user)
-    try:
-        yield name
-    finally:
-        cancel_account_jobs(name)
-        mn_cmd("sacctmgr", "-i", "delete", "account", name, check=False)
-        remove_tenant_user(settings, name)
+def multinode_account(slurm: SlurmClient, prefix: str, gpu_limit: int = 8) -> AbstractContextManager[str]:
+    """A Slurm account of the multinode cluster with its own tenant user (on every host: they share /etc/passwd)."""
+    return throwaway_slurm_account(slurm, prefix, gpu_limit, run=mn_cmd, drain_timeout_s=90)
 
 
 @pytest.fixture(scope="session")

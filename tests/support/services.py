@@ -16,15 +16,13 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
 
 from gpupool import db
-from gpupool.config import Settings
-from gpupool.errors import CommandFailed
 from gpupool.models import Account
 from gpupool.proc import run_command
 from gpupool.slurm import SlurmClient
 from gpupool.tenants import ensure_tenant_user, remove_tenant_user
+from tests.support.tenancy import TENANT_PREFIX
 
 PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-TENANT_PREFIX = Settings.tenant_user_prefix
 
 T = TypeVar("T")
 
@@ -66,18 +64,27 @@ def drop_database(name: str) -> None:
     admin.dispose()
 
 
-def cancel_account_jobs(account: str) -> None:
-    slurm_cmd("scancel", f"--account={account}", check=False)
+SlurmCommand = Callable[..., str]
+
+
+def cancel_account_jobs(account: str, *, run: SlurmCommand = slurm_cmd, timeout_s: float = 60) -> None:
+    """scancel the account's jobs as root and wait until the queue ``run`` talks to holds none."""
+    run("scancel", f"--account={account}", check=False)
 
     def drained() -> bool:
-        return not slurm_cmd("squeue", "-h", f"--account={account}", "-t", "PENDING,RUNNING,COMPLETING").strip()
+        return not run("squeue", "-h", f"--account={account}", "-t", "PENDING,RUNNING,COMPLETING").strip()
 
-    wait_for(drained, timeout_s=60, what=f"jobs of {account} to leave the queue")
+    wait_for(drained, timeout_s=timeout_s, what=f"jobs of {account} to leave the queue")
 
 
 @contextmanager
-def throwaway_slurm_account(slurm: SlurmClient, prefix: str, gpu_limit: int = 4) -> Iterator[str]:
-    """A new Slurm account with its own tenant user; its jobs are cancelled and both deleted afterwards."""
+def throwaway_slurm_account(
+    slurm: SlurmClient, prefix: str, gpu_limit: int = 4, *, run: SlurmCommand = slurm_cmd, drain_timeout_s: float = 60
+) -> Iterator[str]:
+    """A new Slurm account with its own tenant user; its jobs are cancelled and both deleted afterwards.
+
+    ``run`` runs Slurm's commands against the cluster ``slurm`` submits to (the multinode suite passes its own).
+    """
     name = f"{prefix}{secrets.token_hex(4)}"
     # A random uid: test sessions running side by side would race for the lowest free one.
     settings = slurm.settings
@@ -87,11 +94,9 @@ def throwaway_slurm_account(slurm: SlurmClient, prefix: str, gpu_limit: int = 4)
     try:
         yield name
     finally:
-        cancel_account_jobs(name)
-        try:
-            slurm_cmd("sacctmgr", "-i", "delete", "account", name)
-        except CommandFailed:
-            pass  # accounts with job records may be kept by slurmdbd; harmless
+        cancel_account_jobs(name, run=run, timeout_s=drain_timeout_s)
+        # Accounts with job records may be kept by slurmdbd; harmless.
+        run("sacctmgr", "-i", "delete", "account", name, check=False)
         remove_tenant_user(settings, name)
 
 

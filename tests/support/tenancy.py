@@ -22,10 +22,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpupool.config import Settings
 from gpupool.proc import run_command
 
 SERVICE_USER = "gpupool"
-TENANT_PREFIX = "gp-"
+TENANT_PREFIX = Settings.tenant_user_prefix
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 
