@@ -38,12 +38,10 @@ from gpupool.slurm_report import (
     NodeEvent,
     NodeGpus,
     PendingJob,
-    SreportUtilization,
     parse_allocations,
     parse_node_events,
     parse_node_gpus,
     parse_pending,
-    parse_sreport_utilization,
 )
 
 Runner = Callable[..., CommandResult]
@@ -366,22 +364,6 @@ class SlurmClient:
         """Jobs waiting now, of every tenant, with Slurm's reason and the GPUs they ask for."""
         result = self._command("squeue", ["--states=PENDING", f"--Format={PENDING_FORMAT}"])
         return self._parsed("squeue", parse_pending, result)
-
-    def gpu_utilization_report(self, start: dt.datetime, end: dt.datetime) -> SreportUtilization | None:
-        """slurmdbd's own hourly roll-up of GPU time in [start, end); None when nothing is rolled up yet."""
-        result = self._command(
-            "sreport",
-            [
-                "--parsable2",
-                "--time=seconds",
-                "--tres=gres/gpu",
-                "cluster",
-                "utilization",
-                f"start={start:%Y-%m-%dT%H:%M:%S}",
-                f"end={end:%Y-%m-%dT%H:%M:%S}",
-            ],
-        )
-        return self._parsed("sreport", parse_sreport_utilization, result)
 
     # -- accounts -----------------------------------------------------------------
 
