@@ -5,11 +5,17 @@ PYTEST_ARGS ?=
 
 include deploy/cluster.mk
 
-.PHONY: venv services run test test-multinode test-unit lint bench clean
+.PHONY: venv venv-test preflight services run test test-calendar test-freshhost test-multinode test-unit lint bench clean
 
+# What running gpupool needs (gpupool, ansible-core); venv-test adds the test
+# tools (dev extras, the client, chromium and its driver).
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml client/pyproject.toml
-	deploy/local/bootstrap-venv.sh $(VENV)
+	deploy/local/bootstrap-venv.sh $(VENV) run
+	touch $@
+venv-test: $(VENV)/.installed-test
+$(VENV)/.installed-test: $(VENV)/.installed
+	deploy/local/bootstrap-venv.sh $(VENV) test
 	touch $@
 
 # The playbook itself runs from the virtualenv's ansible-core.
@@ -18,24 +24,48 @@ cluster: venv
 services:
 	$(SUDO) deploy/local/ensure-services.sh
 
+# Before anything is installed: host name, ports, disk (one message each).
+preflight:
+	deploy/local/preflight.sh
+
 # Local cluster + API on 127.0.0.1:5000 with SQLite; prints a token and a curl.
-run: venv cluster
+run: preflight
+	$(MAKE) --no-print-directory venv cluster
 	deploy/local/run-demo.sh
 
 # The whole suite against the real local cluster, PostgreSQL and Redis.
-test: venv services cluster
+test: venv-test services cluster
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The tests marked `calendar` again, with the clock of every app they build frozen
+# (GPUPOOL_TEST_NOW, tests/conftest.py) at a year's last second, the next year's
+# first, and the last second of a leap day: no test may depend on today's date.
+CALENDAR_INSTANTS ?= 2026-12-31T23:59:59Z 2027-01-01T00:00:00Z 2028-02-29T23:59:59Z
+test-calendar: venv-test services cluster
+	set -e; for instant in $(CALENDAR_INSTANTS); do \
+		echo "test-calendar: the clock at $$instant"; \
+		GPUPOOL_TEST_NOW=$$instant $(VENV)/bin/pytest -q -m calendar $(PYTEST_ARGS); \
+	done
 
 # The multinode suite (tests/multinode) on a fresh multinode cluster, removed
 # afterwards whatever the result; leftovers of an interrupted run go first.
-test-multinode: venv services cluster
+test-multinode: venv-test services cluster
 	$(SUDO) deploy/multinode/netns.sh down
 	$(CLUSTER_MULTINODE_PROVISION)
 	status=0; $(VENV)/bin/pytest -m multinode tests/multinode $(PYTEST_ARGS) || status=$$?; \
 		$(SUDO) deploy/multinode/netns.sh down; exit $$status
 
+# The README's first command on a fresh minimal Debian 12 host (deploy/freshhost:
+# a debootstrap image, cached under /var/cache/gpupool-freshhost, booted with
+# systemd as PID 1 in namespaces), then its curl submit; the host goes afterwards.
+test-freshhost: venv-test
+	command -v debootstrap >/dev/null && command -v zstd >/dev/null || \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap zstd
+	$(SUDO) deploy/freshhost/host.sh clean
+	$(SUDO) $(VENV)/bin/pytest -m freshhost tests/freshhost -s $(PYTEST_ARGS)
+
 # Pure tests only: no cluster, no database.
-test-unit: venv
+test-unit: venv-test
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
 # Every function annotated, imports sorted, types checked.
@@ -44,7 +74,7 @@ lint: venv
 	$(VENV)/bin/ruff check gpupool gpupool_cli api billing tests bench
 	$(VENV)/bin/mypy gpupool gpupool_cli api billing
 
-bench: venv services cluster
+bench: venv-test services cluster
 	command -v wrk >/dev/null || $(SUDO) apt-get install -y -qq wrk
 	test -x /usr/sbin/slurmrestd || $(SUDO) apt-get install -y -qq slurmrestd
 	$(VENV)/bin/python bench/submit.py

@@ -9,6 +9,8 @@ from typing import Any
 from flask import Flask
 from flask_limiter import Limiter
 from limits import parse as parse_limit
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy.orm import sessionmaker
 from werkzeug.middleware.proxy_fix import ProxyFix
 
@@ -22,6 +24,7 @@ from api.meta import meta_bp, templates_bp
 from api.metrics import metrics_bp, register_metrics
 from api.web import register_pages
 from api.webhooks import webhooks_bp
+from gpupool.clock import Clock, system_clock
 from gpupool.config import Settings, load_settings
 from gpupool.db import ensure_migrated, make_engine, make_session_factory
 from gpupool.errors import ConfigError
@@ -37,11 +40,13 @@ def create_app(
     *,
     slurm: SlurmClient | None = None,
     session_factory: sessionmaker | None = None,
+    clock: Clock = system_clock,
 ) -> Flask:
     """Build the app. ``config`` is Settings, or overrides on top of the environment.
 
-    ``slurm`` and ``session_factory`` are the seams: tests pass a session bound
-    to a rolled-back transaction, benchmarks a Slurm client with counting wrappers.
+    ``slurm``, ``session_factory`` and ``clock`` are the seams: tests pass a session
+    bound to a rolled-back transaction and a frozen clock, benchmarks a Slurm client
+    with counting wrappers.
     """
     settings = config if isinstance(config, Settings) else load_settings(overrides=config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -79,6 +84,7 @@ def create_app(
         verification_key=verification_key(settings),
         verified_tokens=ExpiringCache(settings.token_check_cache_s),
         token_standings=ExpiringCache(settings.token_check_cache_s),
+        clock=clock,
     )
     register_error_handlers(app)
     register_metrics(app, settings)  # first request hook: refused requests are timed too
@@ -90,6 +96,7 @@ def create_app(
         rate_limit_key,
         app=app,
         storage_uri=settings.ratelimit_storage_uri,
+        storage_options=_storage_options(settings),
         default_limits=[settings.ratelimit_default],
         # X-RateLimit-* headers cost a store round trip on every request;
         # a 429 still carries Retry-After (api.errors).
@@ -114,3 +121,12 @@ def create_app(
         app.register_blueprint(blueprint)
     register_pages(app, settings, limiter)
     return app
+
+
+def _storage_options(settings: Settings) -> dict[str, Any]:
+    """Timeouts for a Redis store: redis-py waits forever by default, so a hung Redis would hang every request."""
+    if not settings.ratelimit_storage_uri.startswith("redis"):
+        return {}  # memory:// takes none; other stores name their options differently
+    timeout = settings.ratelimit_storage_timeout_s
+    # No retries: each would add another timeout to a request that ends in 503 anyway.
+    return {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}

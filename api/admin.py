@@ -5,9 +5,8 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import NotFound as UnknownUrl
 
-from api.context import app_state, db_session, principal
+from api.context import app_state, calendar_now, db_session, principal
 from billing.report import build_report, parse_window
-from gpupool.db import utcnow
 from gpupool.errors import NotFound
 
 admin_bp = Blueprint("admin", __name__)
@@ -23,7 +22,7 @@ def _admins_only() -> None:
 @admin_bp.get("/admin/report")
 def get_report() -> Response:
     """The operator report for ``?period=YYYY-MM`` (default: this month) or ``?since=&until=``."""
-    now = utcnow().replace(microsecond=0)
+    now = calendar_now().replace(microsecond=0)
     since, until = parse_window(
         request.args.get("period"), request.args.get("since"), request.args.get("until"), now=now
     )

@@ -10,17 +10,20 @@ from limits import RateLimitItem
 from werkzeug.exceptions import TooManyRequests
 
 from api.context import app_state, db_session
+from gpupool.db import utcnow
 from gpupool.errors import Unauthorized
 from gpupool.tokens import Principal, TokenStanding, read_standing, require_good_standing, verify_token
+from gpupool.web_sessions import read_web_session
 
 # /metrics is guarded by the caller's address instead (api.metrics).
 # "/" redirects to the pages; their stylesheet and scripts hold nothing private.
 PUBLIC_ENDPOINTS = frozenset(
     {"meta.healthz", "meta.readyz", "meta.openapi", "metrics.metrics", "web_root", "web.static"}
 )
-# The web pages (api.web) carry the token in their session cookie, never in a header.
+# The web pages (api.web) authenticate with their session cookie, never a header; the
+# cookie holds only a server-side session's id (gpupool.web_sessions), never the token.
 PAGE_BLUEPRINTS = frozenset({"web", "web_data"})
-PAGE_TOKEN_KEY = "token"
+PAGE_SESSION_KEY = "sid"
 
 
 def authenticate() -> None:
@@ -40,16 +43,22 @@ def authenticate() -> None:
 
 
 def _page_principal() -> Principal | None:
-    """The caller behind the session cookie's token, checked as a bearer token is; None to sign in again."""
-    token = session.get(PAGE_TOKEN_KEY)
-    if not isinstance(token, str):
+    """The caller behind the session cookie, read from the database's records; None to sign in again."""
+    session_id = session.get(PAGE_SESSION_KEY)
+    if not isinstance(session_id, str):
         return None
+    # No cache: a sign-out, a revocation or a disabled account ends the session on the next page, on every worker.
+    found = read_web_session(db_session(), app_state().settings, session_id, utcnow())
     try:
-        return principal_for_token(token)
+        if found is None:
+            raise Unauthorized("the session has ended", code="session_ended")
+        caller, standing = found
+        require_good_standing(caller, standing)
     except Unauthorized:
-        # Expired, revoked or its account disabled: the cookie is worth nothing any more.
+        # Signed out, expired, revoked or its account disabled: the cookie is worth nothing any more.
         session.clear()
         return None
+    return caller
 
 
 def count_unauthenticated() -> None:

@@ -10,11 +10,10 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response, jsonify, request
 
-from api.context import app_state, db_session, principal
+from api.context import app_state, calendar_now, db_session, principal
 from billing.invoice import check_period, invoice_csv_chunks, invoice_filename
 from billing.meter import period_of
 from billing.usage import usage
-from gpupool.db import utcnow
 from gpupool.errors import NotFound
 from gpupool.models import Account
 
@@ -58,7 +57,7 @@ def get_invoice(period: str) -> Response:
 
 @billing_bp.get("/usage")
 def get_usage() -> Response:
-    now = utcnow()
+    now = calendar_now()
     period = check_period(request.args.get("period") or period_of(now))
     account = _visible_account()
     return jsonify(usage(db_session(), account, period, app_state().settings.currency, now))

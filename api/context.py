@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Generic, TypeVar
 from flask import current_app, g
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpupool.clock import Clock
 from gpupool.config import Settings
 from gpupool.errors import SlurmUnavailable
 from gpupool.expiring_cache import ExpiringCache
@@ -67,10 +69,17 @@ class AppState:
     verification_key: str
     verified_tokens: ExpiringCache[str, Principal]
     token_standings: ExpiringCache[str, TokenStanding | None]
+    # "Now" for decisions by the calendar: this month's usage, budgets, report windows.
+    clock: Clock
 
 
 def app_state() -> AppState:
     return current_app.extensions["gpupool"]
+
+
+def calendar_now() -> dt.datetime:
+    """The app clock's "now", for decisions by the calendar (see gpupool.clock)."""
+    return app_state().clock()
 
 
 def db_session() -> Session:

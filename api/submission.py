@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, func, select, text
+from sqlalchemy import and_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -56,13 +56,9 @@ def _check_resources(app: AppState, req: SubmitRequest, gpus: int, template_max:
     if req.container_image is not None:
         if settings.container_runtime == "none":
             raise ValidationFailed("this cluster runs jobs without containers; omit container_image")
-        if settings.container_runtime == "docker":
-            # docker is safe for one tenant only; counted here, on the containers-only path.
-            with app.session_factory() as session:
-                accounts = session.scalar(select(func.count()).select_from(Account)) or 0
-            refusal = docker_runtime_refusal(settings, accounts)
-            if refusal is not None:
-                raise ValidationFailed(refusal, code="container_runtime_unsafe")
+        refusal = docker_runtime_refusal(settings)
+        if refusal is not None:
+            raise ValidationFailed(refusal, code="container_runtime_unsafe")
         if not any(fnmatch.fnmatchcase(req.container_image, pattern) for pattern in settings.container_allowlist):
             raise ValidationFailed(
                 f"container image {req.container_image!r} is not on the operator's allowlist",
@@ -272,7 +268,7 @@ def submit(
             gpu_type=req.gpu_type,
             time_limit_min=time_limit_min,
             currency=settings.currency,
-            now=utcnow(),
+            now=app.clock(),
         )
     job_id = str(uuid.uuid4())
     job = Job(

@@ -28,7 +28,7 @@ from sqlalchemy import text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._harness import REPO, table  # noqa: E402
-from bench.synthetic_sacct import sacct_dump, seed_dump, synthetic_jobs  # noqa: E402
+from bench.synthetic_sacct import PASS_DELIMITER, sacct_dump, seed_dump, synthetic_jobs  # noqa: E402
 from billing import passes  # noqa: E402
 from billing.ledger_writer import COPY_LEDGER_SQL, ledger_csv_lines  # noqa: E402
 from billing.meter import meter  # noqa: E402
@@ -56,7 +56,7 @@ def time_copy(engine: db.Engine, dump: str) -> tuple[float, int]:
     """COPY of the very rows a replay writes, prepared before the clock starts."""
     with db.make_session_factory(engine)() as session, session.begin():
         prices = load_prices(session)
-    rows = meter(parse_runs(dump).runs, {}, prices)
+    rows = meter(parse_runs(dump, delimiter=PASS_DELIMITER).runs, {}, prices)
     with engine.begin() as connection:
         connection.execute(
             text(

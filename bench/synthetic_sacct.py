@@ -60,8 +60,13 @@ def _utc(moment: dt.datetime | None) -> str:
     return "None" if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def sacct_dump(jobs: list[SyntheticJob], cluster: str = "gpupool", delimiter: str = "|") -> str:
-    """What ``sacct -a -X -D -P -o <SACCT_FIELDS>`` prints for these jobs."""
+# The shape of the billing pass's own delimiter (gpupool.slurm_parse.unpredictable_delimiter), fixed
+# here: under "|" the names with a newline below would refuse the dump (billing.sacct).
+PASS_DELIMITER = "|5f2a9c7e01bd|"
+
+
+def sacct_dump(jobs: list[SyntheticJob], cluster: str = "gpupool", delimiter: str = PASS_DELIMITER) -> str:
+    """What ``sacct -a -X -D -P --delimiter=<delimiter> -o <SACCT_FIELDS>`` prints for these jobs."""
     lines = [delimiter.join(SACCT_FIELDS)]
     for job in jobs:
         end = job.start + dt.timedelta(seconds=job.elapsed_s) if job.start else job.submit + dt.timedelta(seconds=60)

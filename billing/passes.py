@@ -16,7 +16,7 @@ it was and the next pass bills the same seconds again, once.
 from __future__ import annotations
 
 import datetime as dt
-import secrets
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +29,15 @@ from billing.credits import credit_failed_nodes
 from billing.ledger_writer import JobIdLookup, write_ledger_rows
 from billing.meter import Billed, RunKey, billed_by_run, meter_rows
 from billing.prices import load_prices
-from billing.sacct import SACCT_FIELDS, JobRun, RunReader, detect_delimiter
+from billing.sacct import SACCT_FIELDS, JobRun, RunReader, Tenancy, detect_delimiter
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
-from gpupool.models import BillingPass, BillingState, Job, LedgerEntry
+from gpupool.models import Account, BillingPass, BillingState, Job, LedgerEntry
 from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import ParseError
+from gpupool.slurm_parse import ParseError, unpredictable_delimiter
+
+log = logging.getLogger("gpupool.billing")
 
 # A gpupool job row is written just before sbatch; allow for clock skew between hosts.
 _SUBMIT_SLACK = dt.timedelta(minutes=5)
@@ -54,6 +56,8 @@ class PassReport:
     credits: int
     archive_path: Path
     sha256: str
+    # Rows a pass left unbilled, one sentence each (a replay refuses its file instead).
+    refused: tuple[str, ...] = ()
 
 
 ProgressHook = Callable[[PassReport | None], None]
@@ -103,6 +107,12 @@ def _gpupool_job_ids(session: Session, span: tuple[int, int] | None) -> JobIdLoo
     return lookup
 
 
+def tenancy(session: Session, settings: Settings) -> Tenancy:
+    """The tenant user of each account this database knows, for judging whose rows are whose."""
+    users = session.execute(select(Account.name, Account.unix_user).where(Account.unix_user.is_not(None))).all()
+    return Tenancy(settings.tenant_user_prefix, {name: user for name, user in users if user})
+
+
 def bill_sacct_output(
     session: Session,
     settings: Settings,
@@ -128,7 +138,11 @@ def bill_sacct_output(
         return SlurmUnavailable(f"unexpected sacct output: {exc}")
 
     try:
-        reader = RunReader(text, delimiter, default_cluster, fields)
+        # A replay refuses a file with one row it cannot believe; a pass reads sacct itself,
+        # under its own delimiter, and leaves such a row out without holding up every other account.
+        reader = RunReader(
+            text, delimiter, default_cluster, fields, tenancy(session, settings), refuse_mismatches=kind == "replay"
+        )
     except ParseError as exc:
         archiver.join()
         raise unreadable(exc) from exc
@@ -163,6 +177,8 @@ def bill_sacct_output(
         rows = write_ledger_rows(session, record.id, meter_rows(read_runs(), billed, prices), job_id_of)
     except ParseError as exc:
         raise unreadable(exc) from exc
+    for reason in reader.refused:
+        log.warning("billing pass %s: not billed, %s", record.id, reason)
     credits = credit_failed_nodes(session, runs, started_at) if settings.billing_credit_failed_nodes else 0
     try:
         archive_path, sha256 = archiver.result()
@@ -186,6 +202,7 @@ def bill_sacct_output(
         credits=credits,
         archive_path=archive_path,
         sha256=sha256,
+        refused=tuple(reader.refused),
     )
 
 
@@ -217,8 +234,8 @@ def run_pass(
             window_start = mark - dt.timedelta(seconds=settings.billing_overlap_s)
         else:
             window_start = window_end - dt.timedelta(seconds=settings.billing_initial_lookback_s)
-        # A delimiter no job name can predict: names cannot forge columns or rows.
-        delimiter = f"|{secrets.token_hex(6)}|"
+        # A delimiter no job name can predict: names cannot forge columns or rows (billing.sacct).
+        delimiter = unpredictable_delimiter()
         text = slurm.billing_accounting(window_start, window_end, SACCT_FIELDS, delimiter)
         report = bill_sacct_output(
             session,
@@ -275,7 +292,9 @@ def replay(
 
     Without ``fields`` the dump's first line is its header and names the delimiter;
     with them (``XDMOD_FIELDS`` for an Open XDMoD export) it has no header, and the
-    delimiter is ``|`` unless given.
+    delimiter is ``|`` unless given. A line that is not a whole row, or a row
+    ``billing.sacct`` cannot believe, refuses the whole file (BadRequest naming
+    the line): nothing of it is billed.
     """
     try:
         text = read_text(path)

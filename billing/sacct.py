@@ -4,24 +4,44 @@ A billing pass asks for exactly ``SACCT_FIELDS``; replays accept any
 ``sacct --parsable2`` output whose header names at least ``REQUIRED_FIELDS``
 and ``ElapsedRaw`` or ``Elapsed``, or header-less output whose fields are named
 by the caller (``XDMOD_FIELDS`` for Open XDMoD's export). Field names are
-sacct's, in any case. ``JobName`` is free text, so it must be the last column:
-a ``|`` in it then stays in the name, and a newline continues the name on the
-next line. The field parsers are ``gpupool.slurm_parse``'s, whose docstring
-maps every parser of Slurm's text.
+sacct's, in any case. The field parsers are ``gpupool.slurm_parse``'s, whose
+docstring maps every parser of Slurm's text.
+
+``JobName`` is a tenant's free text, printed as it is, so it must be the last
+column: a delimiter in a name then stays in the name. A newline in a name
+starts a line that is not a row of its own, and after it the tenant may have
+written anything, a whole row billing another account included. So:
+
+- under the billing pass's delimiter (``unpredictable_delimiter``, new for each
+  pass and kept in its archive), which no name written before the pass holds,
+  a line of fewer fields continues the name before it, and a line of the
+  header's width can only be a row;
+- under any other delimiter (``|``: every other site's dump, Open XDMoD's) a
+  line that is not a whole row refuses the file (``DumpRefused``, with its line
+  number), and so does a row billing an account of gpupool's own tenants
+  (``Tenancy``): a line of the right width there may be the end of the
+  previous job's name, and no reading of the text alone can tell. The
+  history of this cluster is billed by ``gpupool billing run --since/--until``,
+  which asks sacct itself;
+- under either, each row's User must be its Account's tenant user, and a
+  tenant user runs jobs under its own account only (``Tenancy.mismatch``). A
+  replay refuses the file on the first row that breaks it; a billing pass,
+  reading sacct itself, leaves that row unbilled and says so (``RunReader.refused``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gpupool.slurm_parse import (
     ParseError,
     base_state,
     gpus_by_type,
-    iter_rows,
+    is_unpredictable,
+    numbered_rows,
     parse_elapsed,
     parse_time,
     read_header,
@@ -41,7 +61,7 @@ SACCT_FIELDS = (
     "AllocTRES",
     "JobName",
 )
-REQUIRED_FIELDS = ("JobIDRaw", "Account", "State", "Start", "AllocTRES")
+REQUIRED_FIELDS = ("JobIDRaw", "Account", "User", "State", "Start", "AllocTRES")
 # Exact seconds when sacct printed them; otherwise [D-]HH:MM:SS, as older dumps have it.
 ELAPSED_FIELDS = ("ElapsedRaw", "Elapsed")
 # Open XDMoD's documented shredder export:
@@ -56,6 +76,11 @@ _CANONICAL = {
     name.lower(): name
     for name in (*SACCT_FIELDS, "Elapsed", "NodeList", "Partition", "Eligible", "ExitCode", "NNodes", "ReqTRES")
 }
+# Columns sacct fills with what a job's submitter wrote (lower case): at most one, last.
+_FREE_TEXT = frozenset({
+    "jobname", "comment", "admincomment", "systemcomment", "workdir", "submitline", "wckey", "constraints",
+    "extra", "container",
+})
 # States whose runs end with an automatic credit when the operator asks for it.
 FAILED_NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 _UNFINISHED = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "STAGE_OUT"})
@@ -85,6 +110,50 @@ class JobRun:
         return self.end is not None and self.state not in _UNFINISHED
 
 
+class DumpRefused(ParseError):
+    """A line of the output that cannot be billed as it stands, so none of the output is."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+        self.line = line
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """Which Unix user runs which account's jobs: gpupool's tenants (``gpupool.tenants``).
+
+    ``users`` maps each account that has a tenant user to that user; any user
+    named ``<prefix><account>`` is taken for that account's tenant too, since
+    the users table of another database may be the one that made it.
+    """
+
+    prefix: str
+    users: Mapping[str, str] = field(default_factory=dict)
+    accounts: Mapping[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "accounts", {user: account for account, user in self.users.items()})
+
+    def is_tenant_account(self, account: str) -> bool:
+        return account in self.users
+
+    def mismatch(self, account: str, user: str) -> str | None:
+        """Why ``user`` cannot have run a job under ``account``; None when it can."""
+        expected = self.users.get(account)
+        if expected is not None and user != expected:
+            return f"account {account!r} runs jobs as {expected!r} alone, and this row names user {user!r}"
+        own = self.accounts.get(user)
+        if own is None and self.prefix and user.startswith(self.prefix):
+            own = user[len(self.prefix):]
+        if own is not None and own != account:
+            return f"user {user!r} is the tenant user of account {own!r}, and this row bills account {account!r}"
+        return None
+
+
+NO_TENANTS = Tenancy(prefix="")
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedAccounting:
     runs: list[JobRun]
@@ -109,14 +178,21 @@ class RunReader:
 
     ``fields`` names the columns of header-less output (``--noheader``); without
     it the first line is the header. ``rows`` counts every row read so far,
-    including pending and GPU-less jobs.
+    including pending and GPU-less jobs. ``refuse_mismatches``: a row whose user
+    and account do not go together (``Tenancy.mismatch``) refuses the output (a
+    replay), or is left out and described in ``refused`` (a pass). Lines that are
+    not whole rows, and tenants' rows under a delimiter a name can hold, always
+    refuse it (see the module docstring).
     """
 
     text: str
     delimiter: str = "|"
     default_cluster: str | None = None
     fields: tuple[str, ...] | None = None
+    tenancy: Tenancy = NO_TENANTS
+    refuse_mismatches: bool = True
     rows: int = 0
+    refused: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         names = list(self.fields) if self.fields is not None else read_header(self.text, self.delimiter)
@@ -126,8 +202,13 @@ class RunReader:
             missing.append("ElapsedRaw (or Elapsed)")
         if missing:
             raise ParseError(f"sacct output lacks column(s) {', '.join(missing)}; columns were {','.join(names)[:300]!r}")
-        if self.header[-1] != "JobName" and "JobName" in self.header:
-            raise ParseError("JobName must be the last column, or a '|' in a name would shift the columns")
+        free_text = [name for name in self.header if name.lower() in _FREE_TEXT]
+        if free_text and (len(free_text) > 1 or self.header[-1] != free_text[0]):
+            raise ParseError(
+                f"{' and '.join(free_text)} must be the last column, and only one such: text a tenant writes "
+                "(here a delimiter or a newline) would otherwise shift the columns of a row"
+            )
+        self.free_text = bool(free_text)
         if "Cluster" not in self.header and self.default_cluster is None:
             raise ParseError("no Cluster column; name the cluster (--cluster) for this output")
 
@@ -148,64 +229,114 @@ class RunReader:
         exact_elapsed = "ElapsedRaw" in column
         i_elapsed = column["ElapsedRaw" if exact_elapsed else "Elapsed"]
         i_id, i_end, i_name = column.get("JobID"), column.get("End"), column.get("JobName")
+        i_user = column["User"]
         default_cluster = self.default_cluster or ""
+        width = len(self.header)
+        # Only the pass's own delimiter keeps a name's next line from passing for a row.
+        names_are_data = not self.free_text or is_unpredictable(self.delimiter)
         # A cluster has few job shapes and states: the same strings recur thousands of times.
         gpus_of: dict[str, dict[str, int]] = {}
         states: dict[str, str] = {}
-        for row in iter_rows(self.text, self.delimiter, len(self.header), has_header=self.fields is None):
+        # Most rows repeat a (account, user) pair seen before: each pair is judged once.
+        verdicts: dict[tuple[str, str], str | None] = {}
+        rows = numbered_rows(
+            self.text, self.delimiter, width, has_header=self.fields is None, multiline_last=names_are_data
+        )
+        for line, row in rows:
+            if len(row) != width:
+                raise DumpRefused(
+                    line,
+                    f"{len(row)} field(s) where there are {width} columns; a newline in the job name before it? "
+                    f"Under {self.delimiter!r} a name's next line cannot be told from a row, so nothing of this "
+                    "output is billed (a dump made with sacct --delimiter=<a string no name holds> can be)",
+                )
             self.rows += 1
-            raw = row[i_raw]
-            if not raw.isdigit():
-                continue  # a step (12.batch) of output read without -X
-            tres = row[i_tres]
-            if "gres/gpu" not in tres:
-                continue
-            elapsed_text = row[i_elapsed]
-            if elapsed_text.isdigit():
-                elapsed_s = int(elapsed_text)
-            elif exact_elapsed:
-                raise ParseError(f"job {raw}: ElapsedRaw {elapsed_text!r} is not a number of seconds")
+            pair = (row[i_account], row[i_user])
+            if pair in verdicts:
+                verdict = verdicts[pair]
             else:
-                try:
-                    elapsed_s = parse_elapsed(elapsed_text)
-                except ParseError as exc:
-                    raise ParseError(f"job {raw}: {exc}") from exc
-            state = states.get(row[i_state])
-            if state is None:
-                state = states[row[i_state]] = base_state(row[i_state])
-            start_text = row[i_start]
-            start = parse_time(start_text)
-            if start is None or state == "PENDING":
-                continue  # never allocated: no charge
-            # A run with ElapsedRaw 0 bills nothing, but is kept: it may correct seconds
-            # billed while slurmdbd still thought it was running.
-            gpus = gpus_of.get(tres)
-            if gpus is None:
-                gpus = gpus_of[tres] = gpus_by_type(tres)
-            if not gpus:
+                verdict = verdicts[pair] = self._judge(pair[0].strip().lower(), pair[1].strip(), names_are_data)
+            if verdict is not None:
+                if self.refuse_mismatches or verdict.startswith(_AMBIGUOUS):
+                    raise DumpRefused(line, verdict)
+                self.refused.append(f"line {line}: job {row[i_raw]!r}: {verdict}")
                 continue
-            end_text = row[i_end] if i_end is not None else ""
-            end = parse_time(end_text)
-            yield JobRun(
-                row[i_cluster] if i_cluster is not None else default_cluster,
-                int(raw),
-                row[i_id] if i_id is not None else raw,
-                row[i_account].lower(),
-                state,
-                start,
-                end,
-                elapsed_s,
-                gpus,
-                row[i_name].replace("\x00", "") if i_name is not None else "",
-                start_text,
-                end_text if end is not None else "",
+            try:
+                raw = row[i_raw]
+                if not raw.isdigit():
+                    continue  # a step (12.batch) of output read without -X
+                tres = row[i_tres]
+                if "gres/gpu" not in tres:
+                    continue
+                elapsed_text = row[i_elapsed]
+                if elapsed_text.isdigit():
+                    elapsed_s = int(elapsed_text)
+                elif exact_elapsed:
+                    raise ParseError(f"job {raw}: ElapsedRaw {elapsed_text!r} is not a number of seconds")
+                else:
+                    try:
+                        elapsed_s = parse_elapsed(elapsed_text)
+                    except ParseError as exc:
+                        raise ParseError(f"job {raw}: {exc}") from exc
+                state = states.get(row[i_state])
+                if state is None:
+                    state = states[row[i_state]] = base_state(row[i_state])
+                start_text = row[i_start]
+                start = parse_time(start_text)
+                if start is None or state == "PENDING":
+                    continue  # never allocated: no charge
+                # A run with ElapsedRaw 0 bills nothing, but is kept: it may correct seconds
+                # billed while slurmdbd still thought it was running.
+                gpus = gpus_of.get(tres)
+                if gpus is None:
+                    gpus = gpus_of[tres] = gpus_by_type(tres)
+                if not gpus:
+                    continue
+                end_text = row[i_end] if i_end is not None else ""
+                end = parse_time(end_text)
+                run = JobRun(
+                    row[i_cluster] if i_cluster is not None else default_cluster,
+                    int(raw),
+                    row[i_id] if i_id is not None else raw,
+                    row[i_account].lower(),
+                    state,
+                    start,
+                    end,
+                    elapsed_s,
+                    gpus,
+                    row[i_name].replace("\x00", "") if i_name is not None else "",
+                    start_text,
+                    end_text if end is not None else "",
+                )
+            except ParseError as exc:
+                raise DumpRefused(line, str(exc)) from exc
+            yield run
+
+    def _judge(self, account: str, user: str, names_are_data: bool) -> str | None:
+        """Why a row of ``account`` run by ``user`` cannot be billed; None when it can."""
+        if not names_are_data and self.tenancy.is_tenant_account(account):
+            return (
+                f"{_AMBIGUOUS} {self.delimiter!r}, which a tenant's free text can hold, and this row bills account "
+                f"{account!r}, a gpupool tenant's: it may be the end of the previous job's name. Bill this "
+                "cluster's history with `gpupool billing run --since ... --until ...`, or replay the pass's own archive"
             )
+        return self.tenancy.mismatch(account, user)
+
+
+# The start of the refusal no pass may skip past: the output itself is ambiguous, not one row.
+_AMBIGUOUS = "the columns are separated by"
 
 
 def parse_runs(
-    text: str, *, delimiter: str = "|", default_cluster: str | None = None, fields: tuple[str, ...] | None = None
+    text: str,
+    *,
+    delimiter: str = "|",
+    default_cluster: str | None = None,
+    fields: tuple[str, ...] | None = None,
+    tenancy: Tenancy = NO_TENANTS,
+    refuse_mismatches: bool = True,
 ) -> ParsedAccounting:
     """Every run of ``text`` that was allocated GPUs, at once."""
-    reader = RunReader(text, delimiter, default_cluster, fields)
+    reader = RunReader(text, delimiter, default_cluster, fields, tenancy, refuse_mismatches)
     runs = list(reader.runs())
     return ParsedAccounting(runs=runs, rows=reader.rows)

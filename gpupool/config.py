@@ -26,6 +26,10 @@ from gpupool.errors import ConfigError
 
 ENV_PREFIX = "GPUPOOL_"
 CONTAINER_RUNTIMES = ("none", "pyxis", "docker")
+# Secrets systemd hands one unit alone (LoadCredential=NAME:FILE, NAME the field):
+# read from $CREDENTIALS_DIRECTORY/NAME, over the file and the environment, so
+# they never sit in an environment that child processes inherit.
+CREDENTIAL_FIELDS = ("database_url", "billing_database_url", "jwt_secret", "web_session_secret", "ratelimit_storage_uri")
 _PATH_FIELDS = ("templates_dir", "job_root", "runas_socket", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
 
 
@@ -55,6 +59,8 @@ class Settings:
     web_session_secret: str = ""
 
     ratelimit_storage_uri: str = "memory://"
+    # Connect and read timeout for a redis:// store: a hung Redis answers 503, not never.
+    ratelimit_storage_timeout_s: float = 1.0
     ratelimit_default: str = "1200/minute"
     ratelimit_submit: str = "60/minute"
     # Requests without a valid token, counted per client address before the 401.
@@ -78,7 +84,11 @@ class Settings:
     # The root-owned helper that runs sbatch and scancel as a tenant. Empty: run
     # them directly, which only works for a caller that is root (the operator's CLI).
     runas_socket: str = ""
+    # The client's allowance on top of a command's own timeout; the helper closes a
+    # connection that has not sent its whole request within this long.
     runas_timeout_s: float = 10.0
+    # Connections the helper serves at once; one more waits a moment, then is refused.
+    runas_max_connections: int = 16
     slurm_submit_timeout_s: float = 6.0
     slurm_query_timeout_s: float = 4.0
     refresh_interval_s: float = 5.0
@@ -98,7 +108,12 @@ class Settings:
     # Webhooks (gpupool.webhooks). Receivers on loopback, private, link-local or
     # metadata addresses are refused unless inside one of these networks.
     webhook_allow_cidrs: tuple[str, ...] = ()
+    # The whole attempt (resolving, connecting, sending, the full answer), not each read.
     webhook_timeout_s: float = 10.0
+    # Attempts in flight at once, and at most this many of them for one account's
+    # endpoints: a slow receiver holds its own slots, never another account's deliveries.
+    webhook_concurrency: int = 8
+    webhook_concurrency_per_account: int = 2
     # More of a receiver's answer than this is not read; 1 KiB of it is kept.
     webhook_max_response_bytes: int = 64 * 1024
     # First retry after this, doubling up to an hour, until the event is a day old.
@@ -150,6 +165,14 @@ class Settings:
             raise ConfigError(f"jwt_algorithm must be HS256 or RS256, not {self.jwt_algorithm!r}")
         if self.refresh_interval_s <= 0:
             raise ConfigError("refresh_interval_s must be positive")
+        if self.ratelimit_storage_timeout_s <= 0:
+            raise ConfigError("ratelimit_storage_timeout_s must be positive")
+        if self.webhook_timeout_s <= 0:
+            raise ConfigError("webhook_timeout_s must be positive")
+        if not 0 < self.webhook_concurrency_per_account <= self.webhook_concurrency:
+            raise ConfigError("webhook_concurrency_per_account must be positive and at most webhook_concurrency")
+        if self.runas_timeout_s <= 0 or self.runas_max_connections <= 0:
+            raise ConfigError("runas_timeout_s and runas_max_connections must be positive")
         if self.unknown_after_s <= 0:
             raise ConfigError("unknown_after_s must be positive")
         if self.log_read_max_bytes <= 0:
@@ -252,6 +275,8 @@ def load_settings(
         if raw is not None:
             values[name] = _coerce(name, raw, annotation)
 
+    values.update(_credentials(env))
+
     for name, raw in (overrides or {}).items():
         if name not in hints:
             raise ConfigError(f"unknown setting {name}")
@@ -266,6 +291,23 @@ def load_settings(
     values["database_url"] = _absolute_sqlite_url(values.get("database_url", Settings.database_url))
     values["billing_database_url"] = _absolute_sqlite_url(values.get("billing_database_url", ""))
     return Settings(**values)
+
+
+def _credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """The CREDENTIAL_FIELDS systemd placed in this unit's credentials folder, if any."""
+    folder = env.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return {}
+    found: dict[str, str] = {}
+    for name in CREDENTIAL_FIELDS:
+        path = Path(folder) / name
+        try:
+            found[name] = path.read_text().rstrip("\r\n")
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"cannot read the credential {path}: {exc.strerror}") from exc
+    return found
 
 
 def _absolute_sqlite_url(url: str) -> str:

@@ -5,14 +5,18 @@ interval across all processes: a single-row lease in the database decides who
 runs it, so the number of Slurm calls depends neither on how many clients poll
 nor on how many gunicorn workers serve them. Jobs that squeue no longer lists
 (past ``MinJobAge``) or that it shows as ended are read from ``sacct``, again in
-one call. Jobs whose submission timed out are found by their tag. A job neither
-answers for in ``unknown_after_s`` is marked ``UNKNOWN`` and no longer tracked.
+one call. Every row comes from a query of every tenant's jobs, so a row counts
+for a job only when it names that job and the job's own account and tenant user
+(``SlurmClient.owns``); ``SlurmClient.queue`` says why no comment can forge one.
+Jobs whose submission timed out are found by their tag. A job neither answers
+for in ``unknown_after_s`` is marked ``UNKNOWN`` and no longer tracked.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -52,12 +56,12 @@ _LOAD_BY_ID_MAX = 1000
 
 @dataclass(frozen=True)
 class SlurmAnswers:
-    """What squeue and sacct said in one refresh."""
+    """What squeue and sacct said in one refresh, rows of every tenant's jobs."""
 
-    queue: dict[int, QueueEntry]
-    accounting: dict[int, AccountingEntry]
+    queue: Mapping[int, QueueEntry]
+    accounting: Mapping[int, AccountingEntry]
     # Queue entries by (account, tag), for jobs whose sbatch never returned an id.
-    by_tag: dict[tuple[str, str], QueueEntry]
+    by_tag: Mapping[tuple[str, str], QueueEntry]
 
 
 def _queue_values(entry: QueueEntry, submitted_at: dt.datetime | None) -> dict[str, Any]:
@@ -181,20 +185,22 @@ class JobStateRefresher:
             queue = asked.result()
         if not tracked:
             return
-        # Anyone can write any comment: a tag counts only under the account whose tenant submitted it.
-        by_tag = {
-            (entry.account, entry.comment): entry
-            for entry in queue.values()
-            if entry.comment.startswith(TAG_PREFIX) and self._slurm.owns(entry, entry.account)
-        }
-        # squeue no longer lists it (past MinJobAge) or lists it as ended: sacct has the final word.
+        # Anyone can write any comment: a tag counts only under the account whose tenant submitted it,
+        # and a tenant copying its own tag onto a later job does not move the API's job there.
+        by_tag: dict[tuple[str, str], QueueEntry] = {}
+        for entry in sorted(queue.values(), key=lambda entry: entry.slurm_job_id, reverse=True):
+            if entry.comment.startswith(TAG_PREFIX) and self._slurm.owns(entry, entry.account):
+                by_tag[(entry.account, entry.comment)] = entry
+        # squeue no longer lists it (past MinJobAge), lists it as ended, or lists a row that is not
+        # this job's own: sacct has the final word.
         ended_or_forgotten = [
             job.slurm_job_id
             for job in tracked
             if job.slurm_job_id is not None
-            and (job.slurm_job_id not in queue or queue[job.slurm_job_id].state in TERMINAL_STATES)
+            and ((listed := self._queue_entry(job, queue)) is None or listed.state in TERMINAL_STATES)
         ]
         accounting_error: SlurmUnavailable | None = None
+        records: Mapping[int, AccountingEntry]
         try:
             records = self._slurm.accounting(ended_or_forgotten)
         except SlurmUnavailable as exc:
@@ -234,14 +240,22 @@ class JobStateRefresher:
         if job.slurm_job_id is None:
             values = self._submission_values(job, answers.by_tag.get((job.account, job_tag(job.id))), now)
         else:
-            entry = answers.queue.get(job.slurm_job_id)
-            listed = entry is not None and entry.comment in ("", job_tag(job.id))
-            values = _queue_values(entry, job.submitted_at) if entry is not None and listed else {}
+            entry = self._queue_entry(job, answers.queue)
+            values = _queue_values(entry, job.submitted_at) if entry is not None else {}
             record = answers.accounting.get(job.slurm_job_id)
+            if record is not None and not self._slurm.owns(record, job.account):
+                record = None
             if record is not None and (entry is None or entry.state in TERMINAL_STATES):
                 values |= _accounting_values(record, values.get("submitted_at", job.submitted_at))
-            values |= self._seen_values(job, listed or record is not None, now)
+            values |= self._seen_values(job, entry is not None or record is not None, now)
         return {column: value for column, value in values.items() if getattr(job, column) != value}
+
+    def _queue_entry(self, job: TrackedJob, queue: Mapping[int, QueueEntry]) -> QueueEntry | None:
+        """squeue's row for ``job``, believed only from its own account's tenant user, with its tag or none."""
+        entry = queue.get(job.slurm_job_id) if job.slurm_job_id is not None else None
+        if entry is None or not self._slurm.owns(entry, job.account) or entry.comment not in ("", job_tag(job.id)):
+            return None
+        return entry
 
     def _seen_values(self, job: TrackedJob, answered: bool, now: dt.datetime) -> dict[str, Any]:
         """Note that Slurm answered for ``job``, or give it up once it has not for ``unknown_after``."""

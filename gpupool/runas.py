@@ -6,24 +6,32 @@ rules out sudo and every setuid helper. So a small root process,
 can open, checks each caller's uid with ``SO_PEERCRED``, and acts as a tenant
 only through the three operations below. Requests carry data, never command
 lines: the helper builds every argv itself, checks each sbatch option against
-the renderer's fixed list, creates the job folder without following links,
-and runs the command as the tenant with a minimal environment. There is no
-shell anywhere.
+the renderer's fixed list (and each option the script's own ``#SBATCH`` lines
+carry, read as sbatch reads them), hands sbatch the very bytes it checked on
+its standard input, creates the job folder without following links, and runs
+the command as the tenant with a minimal environment. There is no shell
+anywhere. The helper itself holds only the settings it uses: it starts
+itself again with an environment of those alone, so no JWT secret or database
+password is ever in it.
 
-    submit   write the job's script into its new folder, run sbatch as the tenant
+    submit   write the job's script into its new folder, run sbatch as the tenant on those bytes
     cancel   scancel the given jobs (or all of the account's) as the tenant
     discard  remove a job folder whose sbatch Slurm refused
+    budget   set the account's Slurm budget (GrpTRESMins=gres/gpu), the billing pass's one write
 
 ``TenantActions`` does the work and is what the helper runs; an operator's
 shell that is root uses it directly. ``RunasClient`` is the same interface
 over the socket, for the API and the billing worker.
 
 Wire format: one JSON object per line each way, one request per connection.
+A connection that sends no whole request within ``runas_timeout_s`` is closed;
+beyond ``runas_max_connections`` at once, a new one is answered ``busy``.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import logging
 import os
@@ -35,11 +43,12 @@ import socketserver
 import struct
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-from gpupool.config import Settings, load_settings
+from gpupool.config import ENV_PREFIX, Settings, load_settings
 from gpupool.errors import (
     CommandFailed,
     CommandTimedOut,
@@ -50,7 +59,7 @@ from gpupool.errors import (
     TenantError,
 )
 from gpupool.proc import CommandResult, minimal_env, run_command
-from gpupool.render import job_tag
+from gpupool.render import job_tag, log_path
 from gpupool.tenants import Tenant, ensure_tenant_folder, lookup_tenant, service_gid
 
 log = logging.getLogger("gpupool.runas")
@@ -58,18 +67,39 @@ log = logging.getLogger("gpupool.runas")
 SCRIPT_NAME = "job.sbatch"
 MAX_REQUEST_BYTES = 1024 * 1024
 _JOB_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-# The options gpupool.render emits; anything else is refused, whatever the caller.
-_SUBMIT_OPTIONS = frozenset(
+# gpupool.models.accounts.ACCOUNT_NAME, which is not imported: it brings SQLAlchemy into the helper.
+_ACCOUNT = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+# The options gpupool.render emits, and nothing else, whatever the caller. Valued ones
+# only as --name=value: a bare --name would take the next argument as its value.
+_FLAG_OPTIONS = frozenset({"--ignore-pbs", "--no-container-mount-home", "--no-container-remap-root"})
+_CONTAINER_OPTIONS = frozenset(
+    {"--container-image", "--container-mounts", "--container-workdir", "--no-container-mount-home", "--no-container-remap-root"}
+)
+_ALWAYS_OPTIONS = frozenset(
     {
         "--job-name", "--account", "--partition", "--nodes", "--ntasks", "--cpus-per-task", "--mem", "--gres",
-        "--time", "--chdir", "--output", "--error", "--comment", "--ignore-pbs", "--container-image",
-        "--container-mounts", "--container-workdir", "--container-name", "--no-container-mount-home",
-        "--no-container-remap-root",
+        "--time", "--chdir", "--output", "--error", "--comment", "--ignore-pbs",
     }
 )
-# Options whose value must be the job's own folder or a file directly in it.
-_PATH_OPTIONS = ("--chdir", "--output", "--error", "--container-workdir")
+_SUBMIT_OPTIONS = _ALWAYS_OPTIONS | _CONTAINER_OPTIONS
+_VALUE_FORMATS = {
+    "--cpus-per-task": re.compile(r"^[1-9][0-9]{0,5}$"),
+    "--mem": re.compile(r"^[1-9][0-9]{0,6}G$"),
+    "--gres": re.compile(r"^gpu(:[A-Za-z0-9_.-]{1,64})?:[0-9]{1,4}$"),
+    "--time": re.compile(r"^[1-9][0-9]{0,6}$"),
+}
 _SO_PEERCRED = struct.Struct("3i")
+# How long a connection over runas_max_connections waits for a slot before it is refused.
+BUSY_WAIT_S = 2.0
+
+# The settings the helper reads (gpupool.tenants' too): its environment holds these and nothing else.
+HELPER_SETTINGS = (
+    "job_root", "service_user", "service_group", "tenant_user_prefix", "tenant_group", "tenant_uid_min",
+    "tenant_uid_max", "slurm_bin_dir", "slurm_partition", "job_path", "slurm_submit_timeout_s",
+    "slurm_query_timeout_s", "runas_timeout_s", "runas_max_connections", "container_runtime",
+    "container_allowlist", "container_mounts",
+)
+_HELPER_BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC"}
 
 
 class TenantActions(Protocol):
@@ -79,6 +109,12 @@ class TenantActions(Protocol):
 
     def discard(self, account: str, job_id: str) -> None: ...
 
+    def set_budget(self, account: str, gpu_minutes: int | None) -> CommandResult: ...
+
+
+# The TRES an account's Slurm budget counts: GPU-minutes of any type (billing.enforcement).
+BUDGET_TRES = "gres/gpu"
+
 
 def _check_job_id(job_id: str) -> str:
     if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
@@ -86,28 +122,196 @@ def _check_job_id(job_id: str) -> str:
     return job_id
 
 
-def check_submit_options(options: Sequence[str], account: str, job_id: str, job_dir: Path) -> list[str]:
-    """The sbatch options, if every one is the renderer's and names this account and this job's folder."""
+def _check_account(account: str) -> str:
+    if not isinstance(account, str) or not _ACCOUNT.match(account):
+        raise TenantError(f"not a gpupool account name: {account!r}")
+    return account
+
+
+def job_folder(settings: Settings, account: str, job_id: str) -> Path:
+    return Path(settings.job_root) / _check_account(account) / _check_job_id(job_id)
+
+
+def _expected_values(settings: Settings, account: str, job_id: str) -> dict[str, str]:
+    """The one value gpupool.render gives each option that names something: compared as text, never resolved."""
+    job_dir = str(job_folder(settings, account, job_id))
+    return {
+        "--account": account,
+        "--partition": settings.slurm_partition,
+        "--nodes": "1",
+        "--ntasks": "1",
+        "--chdir": job_dir,
+        "--output": log_path(job_dir, "stdout"),
+        "--error": log_path(job_dir, "stderr"),
+        "--comment": job_tag(job_id),
+        "--container-workdir": job_dir,
+        "--container-mounts": ",".join((f"{job_dir}:{job_dir}", *settings.container_mounts)),
+    }
+
+
+def _check_path_text(name: str, value: str) -> None:
+    # The comparison below is on text, so this is only for a clear message: a
+    # path with ".." (or "." or "//") can never equal the job's own folder.
+    parts = value.split("/")
+    if ".." in parts or "." in parts or "//" in value:
+        raise TenantError(f"{name}={value!r}: a path with '..', '.' or '//' is not the job's own folder")
+
+
+def check_submit_options(settings: Settings, options: Sequence[str], account: str, job_id: str) -> list[str]:
+    """The sbatch options, if each is one the renderer emits, with the value it gives it for this job."""
     if not isinstance(options, list) or not all(isinstance(option, str) for option in options):
         raise TenantError("sbatch options must be a list of strings")
+    expected = _expected_values(settings, account, job_id)
     seen: dict[str, str] = {}
     for option in options:
-        name, _, value = option.partition("=")
+        name, equals, value = option.partition("=")
         if name not in _SUBMIT_OPTIONS or "\x00" in option:
             raise TenantError(f"sbatch option {name!r} is not one gpupool submits")
+        if (name in _FLAG_OPTIONS) == bool(equals):
+            form = name if name in _FLAG_OPTIONS else f"{name}=<value>"
+            raise TenantError(f"sbatch option {name!r} must be given as {form}")
         if name in seen:
             raise TenantError(f"sbatch option {name!r} given twice")
         seen[name] = value
-    if seen.get("--account") != account:
+    missing = sorted(_ALWAYS_OPTIONS - set(seen))
+    if missing:
+        raise TenantError(f"gpupool always submits {', '.join(missing)}; the request lacks it")
+    if seen["--account"] != account:
         raise TenantError(f"a job of account {account!r} must be submitted with --account={account}")
-    if seen.get("--comment") != job_tag(job_id):
+    if seen["--comment"] != expected["--comment"]:
         raise TenantError("the job's comment must be its own gpupool tag")
-    for name in _PATH_OPTIONS:
+    for name in ("--chdir", "--output", "--error", "--container-workdir", "--container-mounts"):
         if name in seen:
-            path = Path(seen[name])
-            if path != job_dir and path.parent != job_dir:
-                raise TenantError(f"{name} must point into the job's own folder {job_dir}")
+            for path in seen[name].split(",") if name == "--container-mounts" else [seen[name]]:
+                for piece in path.split(":"):
+                    _check_path_text(name, piece)
+            if seen[name] != expected[name]:
+                raise TenantError(f"{name} must be {expected[name]}, the job's own folder, not {seen[name]!r}")
+    for name in ("--partition", "--nodes", "--ntasks"):
+        if seen[name] != expected[name]:
+            raise TenantError(f"{name} must be {expected[name]!r}, as gpupool submits it, not {seen[name]!r}")
+    for name, pattern in _VALUE_FORMATS.items():
+        if not pattern.match(seen[name]):
+            raise TenantError(f"{name}={seen[name]!r} is not a value gpupool submits")
+    _check_container_options(settings, seen)
     return list(options)
+
+
+def _check_container_options(settings: Settings, seen: dict[str, str]) -> None:
+    given = _CONTAINER_OPTIONS & set(seen)
+    if not given:
+        return
+    if settings.container_runtime != "pyxis":
+        raise TenantError(f"container options need container_runtime pyxis, not {settings.container_runtime!r}")
+    if given != _CONTAINER_OPTIONS:
+        raise TenantError(f"a pyxis job carries all of {', '.join(sorted(_CONTAINER_OPTIONS))}")
+    image = seen["--container-image"]
+    if not any(fnmatch.fnmatchcase(image, pattern) for pattern in settings.container_allowlist):
+        raise TenantError(f"container image {image!r} is not in the container allowlist")
+
+
+# -- what sbatch reads from the script ----------------------------------------------
+#
+# sbatch (src/sbatch/opt.c, 22.05) reads options from every line that starts, in
+# its first column, with "#SBATCH" or "#SLURM" (a prefix: "#SBATCH--time=5" is
+# one), skipping empty lines, lines of whitespace and lines whose first
+# non-blank character is "#", and stops at the first other line. It splits a
+# directive into words on C whitespace; '...' and "..." group, a backslash
+# escapes the next byte unless that is whitespace (which ends the word all the
+# same), an unquoted "#" ends the line, and a word "hetjob" or
+# "packjob" starts another component of a heterogeneous job. #PBS and #BSUB
+# lines are never read: --ignore-pbs is on every command line.
+
+_DIRECTIVE_PREFIXES = (b"#SBATCH", b"#SLURM")
+_C_SPACE = b" \t\n\v\f\r"
+_HETJOB_WORDS = (b"hetjob", b"packjob")
+
+
+def _directive_words(text: bytes, lineno: int) -> list[str]:
+    """The words of one directive after its prefix, as sbatch's get_argument() splits them."""
+    words: list[str] = []
+    pos, end = 0, len(text)
+    while True:
+        while pos < end and text[pos] in _C_SPACE:
+            pos += 1
+        if pos == end:
+            return words
+        rest = text[pos:]
+        for word in _HETJOB_WORDS:
+            if rest[: len(word)].lower() == word and (len(rest) == len(word) or rest[len(word)] in _C_SPACE):
+                raise TenantError(f"script line {lineno}: {word.decode()!r} would start another job; gpupool submits one")
+        if rest.startswith(b":"):
+            raise TenantError(f"script line {lineno}: sbatch refuses a word starting with ':'")
+        argument = bytearray()
+        quote: int | None = None
+        escaped = comment = False
+        while pos < end and (quote is not None or text[pos] not in _C_SPACE):
+            char = text[pos]
+            pos += 1
+            if escaped:
+                escaped = False
+            elif char == ord("\\"):
+                escaped = True
+                continue
+            elif quote is not None:
+                if char == quote:
+                    quote = None
+                    continue
+            elif char in b"\"'":
+                quote = char
+                continue
+            elif char == ord("#"):
+                comment = True
+                break
+            argument.append(char)
+        if quote is not None:
+            raise TenantError(f"script line {lineno}: unmatched {chr(quote)} in an #SBATCH line")
+        if argument:
+            words.append(argument.decode("utf-8", errors="replace"))
+        elif not comment:
+            # sbatch stops reading the line at an empty word; gpupool never writes one.
+            raise TenantError(f"script line {lineno}: an empty word in an #SBATCH line")
+        if comment:
+            return words
+
+
+def script_directives(script: bytes) -> list[str]:
+    """Every option sbatch reads from ``script`` itself, in order, split as sbatch splits them."""
+    if b"\x00" in script:
+        raise TenantError("the job script contains a NUL byte")
+    options: list[str] = []
+    for lineno, line in enumerate(script.split(b"\n"), start=1):
+        prefix = next((p for p in _DIRECTIVE_PREFIXES if line.startswith(p)), None)
+        if prefix is not None:
+            options += _directive_words(line[len(prefix) :], lineno)
+            continue
+        content = line.lstrip(_C_SPACE)
+        if content and not content.startswith(b"#"):
+            break  # the first command: sbatch reads no directive after it
+    return options
+
+
+def check_script(script: str, options: Sequence[str]) -> bytes:
+    """The script's bytes, if each option its #SBATCH lines carry is one of the (checked) ``options``.
+
+    The command line overrides the script, so a directive that repeats an option
+    changes nothing; any other is refused, whatever it says.
+    """
+    if not isinstance(script, str):
+        raise TenantError("the job script must be text")
+    try:
+        data = script.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TenantError("the job script is not valid UTF-8 text") from exc
+    if len(data) > MAX_REQUEST_BYTES:
+        raise TenantError("the job script must be at most 1 MiB")
+    allowed = set(options)
+    for directive in script_directives(data):
+        if directive not in allowed:
+            raise TenantError(
+                f"the script's #SBATCH lines carry {directive!r}, which is not one of the options gpupool submits it with"
+            )
+    return data
 
 
 class DirectTenantActions:
@@ -122,34 +326,36 @@ class DirectTenantActions:
                 "acting as a tenant needs root: set runas_socket to the gpupool runas helper's socket, "
                 "or run this command as root"
             )
-        return lookup_tenant(self.settings, account)
+        return lookup_tenant(self.settings, _check_account(account))
 
     def _env(self, tenant: Tenant, job_dir: Path) -> dict[str, str]:
         # Exported to the job by sbatch: nothing of root's or the service's environment.
         return minimal_env({"PATH": self.settings.job_path, "HOME": str(job_dir), "USER": tenant.user, "LOGNAME": tenant.user})
 
     def submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
+        job_dir = job_folder(self.settings, account, job_id)
         tenant = self._tenant(account)
-        _check_job_id(job_id)
-        job_dir = Path(self.settings.job_root) / account / job_id
-        argv_options = check_submit_options(list(options), account, job_id, job_dir)
-        if not isinstance(script, str) or len(script.encode()) > MAX_REQUEST_BYTES:
-            raise TenantError("the job script must be text of at most 1 MiB")
+        argv_options = check_submit_options(self.settings, list(options), account, job_id)
+        data = check_script(script, argv_options)
         ensure_tenant_folder(self.settings, tenant, job_id)
-        self._write_script(job_dir, script, tenant)
-        argv = [self.settings.slurm_bin("sbatch"), "--parsable", *argv_options, str(job_dir / SCRIPT_NAME)]
+        self._write_script(job_dir, data, tenant)
+        # On standard input, not by path: the folder is the tenant's, and a tenant's
+        # process could swap the file between this check and sbatch's read.
+        argv = [self.settings.slurm_bin("sbatch"), "--parsable", *argv_options]
         return run_command(
-            argv, timeout_s=timeout_s, env=self._env(tenant, job_dir), run_as=tenant.run_as(), cwd=str(job_dir)
+            argv, timeout_s=timeout_s, input_text=script, env=self._env(tenant, job_dir), run_as=tenant.run_as(),
+            cwd=str(job_dir),
         )
 
-    def _write_script(self, job_dir: Path, script: str, tenant: Tenant) -> None:
+    def _write_script(self, job_dir: Path, data: bytes, tenant: Tenant) -> None:
+        """The job's record of what was submitted, for its owner and the service to read."""
         dir_fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             fd = os.open(
                 SCRIPT_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dir_fd
             )
-            with os.fdopen(fd, "w") as handle:
-                handle.write(script)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
                 os.fchown(handle.fileno(), tenant.uid, service_gid(self.settings))
         finally:
             os.close(dir_fd)
@@ -181,6 +387,29 @@ class DirectTenantActions:
         finally:
             os.close(account_fd)
 
+    def set_budget(self, account: str, gpu_minutes: int | None) -> CommandResult:
+        """GrpTRESMins=gres/gpu of a tenant account's association (None: no limit), as root.
+
+        Only a tenant account (checked as for every other operation), only this
+        one limit, only a whole number: the service gains no other Slurm right.
+        """
+        self._tenant(account)
+        if gpu_minutes is not None and (not isinstance(gpu_minutes, int) or isinstance(gpu_minutes, bool) or gpu_minutes < 0):
+            raise TenantError("a budget is a whole number of GPU-minutes, 0 or more, or none")
+        value = "-1" if gpu_minutes is None else str(gpu_minutes)
+        result = run_command(
+            [self.settings.slurm_bin("sacctmgr"), "--immediate", "modify", "account", "where", f"name={account}",
+             "set", f"GrpTRESMins={BUDGET_TRES}={value}"],
+            timeout_s=self.settings.slurm_query_timeout_s,
+            env=minimal_env({"HOME": "/"}),
+            check=False,
+            cwd="/",
+        )
+        # sacctmgr exits 1 with "Nothing modified" when the limit is already set.
+        if result.returncode != 0 and "Nothing modified" not in result.stdout + result.stderr:
+            raise CommandFailed(result.argv, result.returncode, result.stderr)
+        return result
+
 
 # -- the socket -----------------------------------------------------------------------
 
@@ -189,25 +418,32 @@ def _result_payload(result: CommandResult) -> dict[str, Any]:
     return {"outcome": "ok", "returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
 
 
-class _Handler(socketserver.StreamRequestHandler):
+class _SilentClient(Exception):
+    """The caller sent no whole request in time."""
+
+
+class _Handler(socketserver.BaseRequestHandler):
     server: RunasServer
+    request: socket.socket
 
     def handle(self) -> None:
         pid, uid, _gid = _SO_PEERCRED.unpack(
-            self.connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _SO_PEERCRED.size)
+            self.request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _SO_PEERCRED.size)
         )
         if uid not in self.server.allowed_uids:
             log.warning("refused a request from uid %s (pid %s): not the service", uid, pid)
             self._reply({"outcome": "refused", "message": f"uid {uid} may not use the gpupool run-as helper"})
             return
-        line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
         try:
-            if len(line) > MAX_REQUEST_BYTES:
-                raise TenantError("request too large")
+            line = self._read_request()
             request = json.loads(line)
             if not isinstance(request, dict):
                 raise TenantError("a request is a JSON object")
             reply = self._dispatch(request)
+        except _SilentClient:
+            timeout_s = self.server.request_timeout_s
+            log.warning("closed a connection from uid %s (pid %s): no whole request within %g s", uid, pid, timeout_s)
+            reply = {"outcome": "refused", "message": f"no whole request within {timeout_s:g} s; closing the connection"}
         except (CommandTimedOut, CommandFailed) as exc:
             timed_out = isinstance(exc, CommandTimedOut)
             reply = {
@@ -221,6 +457,29 @@ class _Handler(socketserver.StreamRequestHandler):
             log.warning("refused a request from uid %s: %s", uid, message)
             reply = {"outcome": "refused", "message": message}
         self._reply(reply)
+
+    def _read_request(self) -> bytes:
+        """One line, within request_timeout_s in all: a caller that trickles bytes is closed too."""
+        deadline = time.monotonic() + self.server.request_timeout_s
+        received = bytearray()
+        while b"\n" not in received:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _SilentClient()
+            self.request.settimeout(remaining)
+            try:
+                chunk = self.request.recv(65536)
+            except TimeoutError as exc:
+                raise _SilentClient() from exc
+            if not chunk:
+                break
+            received += chunk
+            if len(received) > MAX_REQUEST_BYTES + 1:
+                raise TenantError("request too large")
+        line = bytes(received).split(b"\n", 1)[0]
+        if len(line) > MAX_REQUEST_BYTES:
+            raise TenantError("request too large")
+        return line
 
     def _dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
         actions = self.server.actions
@@ -242,10 +501,18 @@ class _Handler(socketserver.StreamRequestHandler):
         if op == "discard":
             actions.discard(account, request["job_id"])
             return {"outcome": "ok"}
+        if op == "budget":
+            result = actions.set_budget(account, request.get("gpu_minutes"))
+            log.info("budget of %s: %s GPU-minutes", account, request.get("gpu_minutes"))
+            return _result_payload(result)
         raise TenantError(f"unknown operation {op!r}")
 
     def _reply(self, reply: dict[str, Any]) -> None:
-        self.wfile.write(json.dumps(reply).encode() + b"\n")
+        self.request.settimeout(self.server.request_timeout_s)
+        try:
+            self.request.sendall(json.dumps(reply).encode() + b"\n")
+        except OSError as exc:
+            log.warning("could not answer %s: %s", reply.get("outcome"), exc)
 
 
 class RunasServer(socketserver.ThreadingUnixStreamServer):
@@ -254,7 +521,11 @@ class RunasServer(socketserver.ThreadingUnixStreamServer):
     def __init__(self, socket_path: str, actions: DirectTenantActions, allowed_uids: Iterable[int], group_gid: int) -> None:
         self.actions = actions
         self.allowed_uids = frozenset(allowed_uids)
-        self.max_timeout_s = max(actions.settings.slurm_submit_timeout_s, actions.settings.slurm_query_timeout_s) * 2
+        settings = actions.settings
+        self.max_timeout_s = max(settings.slurm_submit_timeout_s, settings.slurm_query_timeout_s) * 2
+        self.request_timeout_s = settings.runas_timeout_s
+        self.max_connections = settings.runas_max_connections
+        self._slots = threading.BoundedSemaphore(self.max_connections)
         path = Path(socket_path)
         path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         os.chown(path.parent, 0, group_gid)
@@ -267,6 +538,35 @@ class RunasServer(socketserver.ThreadingUnixStreamServer):
             os.umask(old_umask)
         os.chown(path, 0, group_gid)
         os.chmod(path, 0o660)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # In the accepting thread: while every slot is taken, new connections wait
+        # in the listen queue instead of each costing a thread.
+        if not self._slots.acquire(timeout=BUSY_WAIT_S):
+            self._refuse_busy(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse_busy(self, request: socket.socket) -> None:
+        message = f"the run-as helper is busy: {self.max_connections} requests in progress; try again"
+        log.warning("refused a connection: %s", message)
+        try:
+            request.settimeout(1.0)
+            request.sendall(json.dumps({"outcome": "busy", "message": message}).encode() + b"\n")
+        except OSError:
+            pass
+        finally:
+            self.shutdown_request(request)
 
 
 def serve(settings: Settings, socket_path: str, extra_users: Sequence[str] = (), ready: threading.Event | None = None) -> None:
@@ -283,18 +583,48 @@ def serve(settings: Settings, socket_path: str, extra_users: Sequence[str] = (),
         server.serve_forever()
 
 
+def _setting_text(name: str, value: object) -> str:
+    if isinstance(value, tuple):
+        if any("," in item for item in value):
+            raise ConfigError(f"setting {name}: the run-as helper cannot pass an item with a comma: {value!r}")
+        return ",".join(value)
+    return str(value)
+
+
+def helper_environment(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The helper's whole environment: a locale, a PATH, SLURM_CONF, and the settings it reads, as GPUPOOL_*.
+
+    Nothing else of whoever started it (the API's JWT secret or database URL in a
+    shared environment file, GPUPOOL_CONFIG's file) reaches the helper or, through
+    it, a tenant's sbatch.
+    """
+    source = os.environ if environ is None else environ
+    env = dict(_HELPER_BASE_ENV)
+    if source.get("SLURM_CONF"):
+        env["SLURM_CONF"] = source["SLURM_CONF"]
+    for name in HELPER_SETTINGS:
+        env[ENV_PREFIX + name.upper()] = _setting_text(name, getattr(settings, name))
+    return env
+
+
+def _exec_helper(socket_path: str, extra_users: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    argv = [sys.executable, "-m", "gpupool.runas", "--socket", socket_path]
+    for user in extra_users:
+        argv += ["--allow-user", user]
+    os.execve(sys.executable, argv, dict(env))
+
+
 def exec_lean_helper(socket_path: str, extra_users: Sequence[str] = ()) -> NoReturn:
-    """Become ``python -m gpupool.runas``: the helper without the imports of whoever started it.
+    """Become ``python -m gpupool.runas``: the helper without the imports or the environment of whoever started it.
 
     The helper forks once per sbatch, and a fork that switches user cannot use
     vfork, so each one copies the helper's page tables: in a process holding the
     CLI's imports (SQLAlchemy, Flask, ~70 MB) a fork and exec costs about twice
-    the CPU it does in one holding only this module's (~19 MB).
+    the CPU it does in one holding only this module's (~19 MB). The exec is also
+    what empties the environment: /proc/<pid>/environ shows the one a process was
+    started with, whatever it later removes from os.environ.
     """
-    argv = [sys.executable, "-m", "gpupool.runas", "--socket", socket_path]
-    for user in extra_users:
-        argv += ["--allow-user", user]
-    os.execv(sys.executable, argv)
+    _exec_helper(socket_path, extra_users, helper_environment(load_settings()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -305,7 +635,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        serve(load_settings(), args.socket, args.allow_user)
+        settings = load_settings()
+        clean = helper_environment(settings)
+        if set(os.environ) - set(clean):
+            # Started with more than it needs: start again with only that. The
+            # second start finds nothing extra (its keys are clean's), so once only.
+            _exec_helper(args.socket, args.allow_user, clean)
+        serve(settings, args.socket, args.allow_user)
     except GpupoolError as exc:
         print(f"gpupool: error: {exc.message}", file=sys.stderr)
         return 1
@@ -348,6 +684,9 @@ class RunasClient:
             raise self._lost_answer(request) from exc
         if answer.get("outcome") == "refused":
             raise TenantError(f"the run-as helper refused: {answer.get('message')}")
+        if answer.get("outcome") == "busy":
+            # Refused before it read the request: nothing ran.
+            raise RunasUnavailable(str(answer.get("message")))
         return answer
 
     @staticmethod
@@ -376,6 +715,10 @@ class RunasClient:
 
     def discard(self, account: str, job_id: str) -> None:
         self._call({"op": "discard", "account": account, "job_id": job_id}, self.settings.slurm_query_timeout_s)
+
+    def set_budget(self, account: str, gpu_minutes: int | None) -> CommandResult:
+        request = {"op": "budget", "account": account, "gpu_minutes": gpu_minutes}
+        return self._result(["sacctmgr"], self._call(request, self.settings.slurm_query_timeout_s))
 
     def ping(self) -> None:
         self._call({"op": "ping"}, self.settings.runas_timeout_s)

@@ -16,17 +16,28 @@ for it, so a format and its reader change together:
   (its hot path; it calls the field parsers here).
 
 Only pure functions live in these modules, so they are tested on literal strings.
-A free-text column (a job name) may itself contain the delimiter or a newline;
-callers put at most one such column last, and ``parse_delimited`` keeps the
-rest of the line, continuation lines included, in that last column.
+
+Text a tenant writes (a job name, a comment) may hold the delimiter and newlines,
+and Slurm prints it as it is. So a reader asks for at most one such column, last,
+and splits each line into at most the header's number of fields: a delimiter in
+the last column stays in it. A newline in it starts a line that is not a row,
+and whether that line may be read as more of the last column depends on the
+delimiter: with ``|`` a tenant can write a whole row after the newline, so only a
+delimiter the tenant could not know when it wrote the text
+(``unpredictable_delimiter``, new for each call) lets a reader join lines
+(``numbered_rows(..., multiline_last=True)``). Lines end at ``\n`` alone, never
+at the other line ends ``str.splitlines`` knows (``\r``, ``\x1e``, ``\u2028``...),
+which Slurm prints inside a name as any other character.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 _NO_TIME = frozenset({"", "Unknown", "N/A", "None", "NONE", "(null)"})
 _from_iso = dt.datetime.fromisoformat
@@ -55,28 +66,63 @@ def read_header(text: str, delimiter: str = "|", required: Sequence[str] = ()) -
     return header
 
 
-def iter_rows(text: str, delimiter: str, width: int, *, has_header: bool = True) -> Iterator[list[str]]:
-    """Rows after the header (every row when ``has_header`` is false) as field lists, lazily;
-    a row is yielded once the next one starts."""
-    lines = iter(text.splitlines())
+_UNPREDICTABLE = re.compile(r"\|[0-9a-f]{12}\|")
+
+
+def unpredictable_delimiter() -> str:
+    """A delimiter for one Slurm call: 48 random bits no job name or comment written before it holds."""
+    return f"|{secrets.token_hex(6)}|"
+
+
+def is_unpredictable(delimiter: str) -> bool:
+    """Whether ``delimiter`` has the shape of ``unpredictable_delimiter``'s (the billing pass archives its output with it)."""
+    return _UNPREDICTABLE.fullmatch(delimiter) is not None
+
+
+def numbered_rows(
+    text: str, delimiter: str, width: int, *, has_header: bool = True, multiline_last: bool = False
+) -> Iterator[tuple[int, list[str]]]:
+    """Rows of ``text`` as (line number where the row starts, its fields), lazily; blank lines are skipped.
+
+    Each line splits into at most ``width`` fields. With ``multiline_last`` a line of
+    fewer continues the last column of the row before it (a newline in the free-text
+    column; see the module docstring for when that is safe); otherwise, and before
+    any row, such a line is yielded as it is, short, for the caller to refuse or skip.
+    """
+    lines = text.split("\n")
+    first = 0  # index of the first line after the header
     if has_header:
-        for line in lines:
-            if line.strip():
-                break  # the header
-    pending: list[str] | None = None
-    for line in lines:
+        first = next((index + 1 for index, line in enumerate(lines) if line.strip()), len(lines))
+    pending: tuple[int, list[str]] | None = None
+    for number, line in enumerate(islice(lines, first, None), first + 1):
         fields = line.split(delimiter, width - 1)
         if len(fields) == width:
             if pending is not None:
                 yield pending
-            pending = fields
-        elif pending is not None and line != "":
-            # A newline inside the last (free-text) column of the previous row.
-            pending[-1] += "\n" + line
+            pending = (number, fields)
+        elif multiline_last and pending is not None:
+            if line:  # the end of the text, or a blank line in a name
+                pending[1][-1] += "\n" + line
         elif line.strip():
-            raise ParseError(f"expected {width} fields, got {len(fields)}: {line!r}")
+            if pending is not None:
+                yield pending
+                pending = None
+            yield number, fields
     if pending is not None:
         yield pending
+
+
+def iter_rows(text: str, delimiter: str, width: int, *, has_header: bool = True) -> Iterator[list[str]]:
+    """Rows after the header (every row when ``has_header`` is false) as field lists, lazily.
+
+    A line of fewer than ``width`` fields continues the row before it, so this is for
+    output whose only free-text column is last and whose other values never hold a
+    newline (``sinfo``, ``sacctmgr``); a short line before any row is a ParseError.
+    """
+    for number, fields in numbered_rows(text, delimiter, width, has_header=has_header, multiline_last=True):
+        if len(fields) != width:
+            raise ParseError(f"line {number}: expected {width} fields, got {len(fields)}: {delimiter.join(fields)[:200]!r}")
+        yield fields
 
 
 def split_rows(text: str, delimiter: str = "|", required: Sequence[str] = ()) -> tuple[list[str], list[list[str]]]:

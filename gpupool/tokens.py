@@ -6,7 +6,9 @@ so ``alg: none`` and HS/RS confusion are refused, and it requires ``exp``,
 
 A signature is not enough: the API also asks the database about the token's
 ``jti`` (``read_standing``). Only tokens recorded by ``issue_token`` are
-accepted, and only while neither the token is revoked nor its account disabled.
+accepted, only when their account, subject, role and expiry are the ones
+recorded for that ``jti``, and only while neither the token is revoked nor its
+account disabled.
 """
 
 from __future__ import annotations
@@ -187,35 +189,59 @@ def revoke_token(session: Session, jti: str, *, by: str, reason: str | None, now
 
 @dataclass(frozen=True)
 class TokenStanding:
-    """What the database says about one token: whose it is, and whether it may still be used."""
+    """What the database recorded about one token when it was issued, and whether it may still be used."""
 
     account: str
+    subject: str
+    role: str
+    expires_at: int  # Unix seconds, as the token's ``exp`` claim
     revoked: bool
     account_disabled: bool
 
 
 def read_standing(session: Session, jti: str) -> TokenStanding | None:
-    """The token's standing in one query, or None when no token with that id was issued here."""
+    """The token's record and standing in one query, or None when no token with that id was issued here."""
     row = session.execute(
-        select(IssuedToken.account, IssuedToken.revoked_at, Account.disabled_at)
+        select(
+            IssuedToken.account, IssuedToken.subject, IssuedToken.role, IssuedToken.expires_at,
+            IssuedToken.revoked_at, Account.disabled_at,
+        )
         .join(Account, Account.name == IssuedToken.account)
         .where(IssuedToken.jti == jti)
     ).one_or_none()
     if row is None:
         return None
-    return TokenStanding(account=row.account, revoked=row.revoked_at is not None, account_disabled=row.disabled_at is not None)
+    return TokenStanding(
+        account=row.account,
+        subject=row.subject,
+        role=row.role,
+        expires_at=int(row.expires_at.timestamp()),
+        revoked=row.revoked_at is not None,
+        account_disabled=row.disabled_at is not None,
+    )
 
 
 def require_good_standing(caller: Principal, standing: TokenStanding | None) -> None:
-    """Unauthorized unless the caller's token is recorded, unrevoked, and its account enabled."""
-    # A signed token the database does not know was not made by `gpupool token create`
-    # (another issuer holding the key, or a row since deleted): it cannot be revoked, so it is refused.
-    if standing is None or standing.account != caller.account:
+    """Unauthorized unless the caller's token is recorded as it reads, unrevoked, and its account enabled."""
+    # The record is the authority, not the claims: a token whose jti was issued here but whose
+    # account, subject, role or lifetime differs from that record was not signed by `gpupool
+    # token create` (a key that leaked, another issuer holding it), so it is refused like an unknown one.
+    if standing is None or not _claims_match_record(caller, standing):
         raise Unauthorized("the token was not issued by this service; ask the operator for a new one", code="token_unknown")
     if standing.revoked:
         raise Unauthorized("the token has been revoked", code="token_revoked")
     if standing.account_disabled:
         raise Unauthorized(f"the account {caller.account} is disabled", code="account_disabled")
+
+
+def _claims_match_record(caller: Principal, standing: TokenStanding) -> bool:
+    return (
+        caller.account == standing.account
+        and caller.sub == standing.subject
+        and caller.role == standing.role
+        # A later exp than recorded would outlive what the operator issued; an earlier one harms nobody.
+        and (caller.expires_at is None or caller.expires_at <= standing.expires_at)
+    )
 
 
 def verify_token(settings: Settings, token: str, *, key: str | None = None) -> Principal:

@@ -16,7 +16,13 @@ Receivers are checked twice against server-side request forgery: when the
 URL is registered and before every attempt, after resolving the name; the
 connection then goes to the address that was checked (so a name cannot
 re-resolve elsewhere in between), redirects are never followed, and answers
-are read only up to a cap.
+are read only up to a cap. IPv6 forms that embed an IPv4 address (mapped,
+compatible, NAT64) are refused whatever that address is.
+
+A receiver cannot hold the sender: each attempt has one deadline for all of
+it (``webhook_timeout_s``; its sockets are shut down then), attempts run in a
+bounded pool of threads, and one account's endpoints take at most
+``webhook_concurrency_per_account`` of its slots.
 """
 
 from __future__ import annotations
@@ -29,13 +35,18 @@ import json
 import logging
 import secrets
 import socket
+import ssl
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -86,11 +97,22 @@ def allowed_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
     return tuple(networks)
 
 
+# IPv6 forms that carry an IPv4 address and reach it: IPv4-mapped (a dual-stack socket
+# connects to the IPv4 host), IPv4-translated (SIIT), IPv4-compatible (deprecated, still
+# routed by some stacks) and NAT64 (the well-known and the local-use prefix: a NAT64
+# gateway forwards to the embedded address, which may be 10.0.0.1 or 169.254.169.254).
+# Refused whatever the embedded address: no receiver needs them, and judging the
+# embedded address would mean trusting every translator on the path to map it faithfully.
+EMBEDDED_IPV4_NETWORKS: tuple[ipaddress.IPv6Network, ...] = tuple(
+    ipaddress.IPv6Network(cidr) for cidr in ("::ffff:0:0/96", "::ffff:0:0:0/96", "::/96", "64:ff9b::/96", "64:ff9b:1::/48")
+)
+
+
 def _address_allowed(address: Address, allow: Sequence[Network]) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
     if any(address in network for network in allow):
-        return True
+        return True  # an operator's allowlist names exact networks, translated ones included
+    if isinstance(address, ipaddress.IPv6Address) and any(address in network for network in EMBEDDED_IPV4_NETWORKS):
+        return False
     # Not global: loopback, private, link-local (169.254.169.254, the cloud metadata
     # service, among them), shared, reserved, multicast and unspecified addresses.
     return address.is_global and not address.is_multicast
@@ -237,6 +259,7 @@ class JobEvents:
 @dataclass(frozen=True)
 class Claimed:
     delivery_id: int
+    account: str
     url: str
     secret: str
     endpoint_deleted: bool
@@ -260,8 +283,133 @@ def event_body(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
 
 
+class AttemptDeadline:
+    """One attempt's end: every socket it opened is shut down then, whatever it was waiting on.
+
+    httpx's timeouts bound each read, so a receiver sending a byte every few
+    seconds never trips them; shutting the socket down from a timer ends any
+    wait at once (a TLS handshake's several reads included).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.ends_at = time.monotonic() + seconds
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._passed = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    @property
+    def passed(self) -> bool:
+        return self._passed or time.monotonic() >= self.ends_at
+
+    def remaining(self) -> float:
+        return max(0.0, self.ends_at - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._passed:
+                self._sockets.append(sock)
+                return
+        _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self._passed = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread; close() would not
+    except OSError:
+        pass  # already closed by its owner
+
+
+_current_deadline = threading.local()
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every operation waits at most until the attempt's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream, deadline: AttemptDeadline) -> None:
+        self._inner = inner
+        self._deadline = deadline
+
+    def _cap(self, timeout: float | None) -> float:
+        remaining = self._deadline.remaining()
+        if remaining <= 0:
+            raise httpcore.ReadTimeout("the attempt's deadline passed")
+        return remaining if timeout is None else min(timeout, remaining)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._cap(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._cap(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None) -> httpcore.NetworkStream:
+        wrapped = self._inner.start_tls(ssl_context, server_hostname, self._cap(timeout))
+        return _DeadlineStream(wrapped, self._deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.SyncBackend):
+    """Connections of the attempt running in this thread, each bound to that attempt's deadline."""
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        deadline: AttemptDeadline | None = getattr(_current_deadline, "value", None)
+        if deadline is None:
+            return super().connect_tcp(host, port, timeout, local_address, socket_options)
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            raise httpcore.ConnectTimeout("the attempt's deadline passed")
+        stream = super().connect_tcp(host, port, remaining if timeout is None else min(timeout, remaining), local_address, socket_options)
+        deadline.watch(stream.get_extra_info("socket"))
+        return _DeadlineStream(stream, deadline)
+
+
+class _DeadlineTransport(httpx.HTTPTransport):
+    """httpx's own transport on a pool that opens every connection through ``_DeadlineBackend``."""
+
+    def __init__(self) -> None:
+        super().__init__(trust_env=False)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            # One fresh connection per attempt, so each is watched by its own attempt's deadline.
+            max_keepalive_connections=0,
+            network_backend=_DeadlineBackend(),
+        )
+
+
 class WebhookSender:
-    """Claims due deliveries, POSTs them, records each attempt. Run one per cluster."""
+    """Claims due deliveries, POSTs them from a bounded pool of threads, records each attempt. Run one per cluster.
+
+    Only the thread that calls ``run`` / ``run_once`` touches the database;
+    the pool's threads only talk HTTP. Each attempt ends by ``webhook_timeout_s``
+    whatever the receiver does, and one account's endpoints hold at most
+    ``webhook_concurrency_per_account`` of the ``webhook_concurrency`` slots, so a
+    slow receiver delays nobody else's deliveries.
+    """
 
     def __init__(self, session_factory: sessionmaker, settings: Settings, *, transport: httpx.BaseTransport | None = None) -> None:
         self._sessions = session_factory
@@ -271,48 +419,110 @@ class WebhookSender:
             timeout=httpx.Timeout(settings.webhook_timeout_s),
             follow_redirects=False,  # a redirect could point anywhere: it counts as a failed attempt
             trust_env=False,  # no proxy from the environment: the checked address is the one connected to
-            transport=transport,
+            transport=transport if transport is not None else _DeadlineTransport(),
         )
-        # Another sender (or this one, after a crash) may take a delivery again after this.
+        self._workers = ThreadPoolExecutor(max_workers=settings.webhook_concurrency, thread_name_prefix="gpupool-webhook")
+        self._in_flight: dict[Future[Outcome], Claimed] = {}
+        # Another sender (or this one, after a crash) may take a delivery again after this;
+        # an attempt ends by webhook_timeout_s, resolving the name aside.
         self._claim_for = dt.timedelta(seconds=settings.webhook_timeout_s * 3 + 30)
 
     def close(self) -> None:
+        self._record_finished(wait_all=True)
+        self._workers.shutdown(wait=True)
         self._http.close()
 
     def run(self, *, stop: Callable[[], bool], idle_s: float = 1.0) -> None:
         while not stop():
-            if self.run_once() == 0:
+            started = self._dispatch(self._settings.webhook_concurrency)
+            recorded = self._record_finished()
+            if started or recorded:
+                continue
+            if self._in_flight:
+                # Wakes early when an attempt ends: its slot may take the next due delivery.
+                wait(list(self._in_flight), timeout=idle_s, return_when=FIRST_COMPLETED)
+            else:
                 time.sleep(idle_s)
+        self._record_finished(wait_all=True)
 
     def run_once(self, batch: int = 50) -> int:
-        """Attempt every delivery that is due now (up to ``batch``); how many were attempted."""
-        claimed = self._claim(batch)
-        for item in claimed:
-            if item.endpoint_deleted:
-                self._finish(item, None)
-                continue
-            self._finish(item, self._attempt(item))
-        return len(claimed)
+        """Attempt every delivery that is due now (up to ``batch``), recording each as it ends; how many were attempted."""
+        attempted = 0
+        while attempted < batch:
+            started = self._dispatch(batch - attempted)
+            attempted += started
+            if not self._in_flight:
+                break
+            if not started:
+                wait(list(self._in_flight), return_when=FIRST_COMPLETED)
+            self._record_finished()
+        self._record_finished(wait_all=True)
+        return attempted
 
-    def _claim(self, batch: int) -> list[Claimed]:
+    def _dispatch(self, most: int) -> int:
+        """Claim due deliveries into free slots, within each account's share; how many were claimed."""
+        taken = 0
+        while taken < most:
+            free = min(self._settings.webhook_concurrency - len(self._in_flight), most - taken)
+            if free <= 0:
+                break
+            claimed = self._claim(free)
+            if not claimed:
+                break
+            for item in claimed:
+                if item.endpoint_deleted:
+                    self._finish(item, None)
+                else:
+                    self._in_flight[self._workers.submit(self._attempt, item)] = item
+            taken += len(claimed)
+        return taken
+
+    def _record_finished(self, *, wait_all: bool = False) -> int:
+        if wait_all and self._in_flight:
+            wait(list(self._in_flight))
+        done = [future for future in self._in_flight if future.done()]
+        for future in done:
+            # In the order they ended: a slow attempt never holds up recording a quick one.
+            item = self._in_flight.pop(future)
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - one odd receiver must not stop the sender
+                log.exception("webhook %s to %s: the attempt itself failed", item.event_id, item.url)
+                result = Outcome(False, None, f"{type(exc).__name__}: {exc}"[:500], None, 0)
+            self._finish(item, result)
+        return len(done)
+
+    def _accounts_at_share(self) -> list[str]:
+        counts = Counter(item.account for item in self._in_flight.values())
+        return [account for account, count in counts.items() if count >= self._settings.webhook_concurrency_per_account]
+
+    def _claim(self, most: int) -> list[Claimed]:
         now = utcnow()
+        share = self._settings.webhook_concurrency_per_account
+        in_flight = Counter(item.account for item in self._in_flight.values())
+        busy = self._accounts_at_share()
         with self._sessions() as session, session.begin():
-            deliveries = session.scalars(
-                select(WebhookDelivery)
+            query = (
+                select(WebhookDelivery, WebhookEndpoint)
+                .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
                 .where(WebhookDelivery.state == PENDING, WebhookDelivery.next_attempt_at <= now)
                 .order_by(WebhookDelivery.next_attempt_at)
-                .limit(batch)
-                .with_for_update(skip_locked=True)
-            ).all()
+                .limit(most)
+                .with_for_update(skip_locked=True, of=WebhookDelivery)
+            )
+            if busy:
+                query = query.where(WebhookEndpoint.account.not_in(busy))
             claimed = []
-            for delivery in deliveries:
+            for delivery, endpoint in session.execute(query).all():
+                if in_flight[endpoint.account] >= share:
+                    continue  # left due, unclaimed: the next free slot of its account takes it
+                in_flight[endpoint.account] += 1
                 delivery.next_attempt_at = now + self._claim_for
-                endpoint = session.get(WebhookEndpoint, delivery.endpoint_id)
                 event = session.get(WebhookEvent, delivery.event_id)
-                assert endpoint is not None and event is not None  # foreign keys
+                assert event is not None  # foreign key
                 claimed.append(
                     Claimed(
-                        delivery_id=delivery.id, url=endpoint.url, secret=endpoint.secret,
+                        delivery_id=delivery.id, account=endpoint.account, url=endpoint.url, secret=endpoint.secret,
                         endpoint_deleted=endpoint.deleted_at is not None, body=event_body(event.payload),
                         event_id=event.id, event_type=event.type, event_created_at=event.created_at,
                     )
@@ -320,15 +530,27 @@ class WebhookSender:
             return claimed
 
     def _attempt(self, item: Claimed) -> Outcome:
+        """One POST, over by ``webhook_timeout_s`` from its start whatever the receiver does. Runs in a pool thread."""
         started = time.monotonic()
+        deadline = AttemptDeadline(self._settings.webhook_timeout_s)
+        _current_deadline.value = deadline
+        try:
+            return self._post(item, deadline, started)
+        finally:
+            _current_deadline.value = None
+            deadline.cancel()
 
+    def _post(self, item: Claimed, deadline: AttemptDeadline, started: float) -> Outcome:
         def outcome(ok: bool, status: int | None, error: str | None, excerpt: str | None = None) -> Outcome:
+            if deadline.passed:
+                ok, error = False, f"no complete answer within the {deadline.seconds:g} s deadline"
             return Outcome(ok, status, error, excerpt, int((time.monotonic() - started) * 1000))
 
         try:
-            destination = check_destination(item.url, self._allow)  # again: DNS may have changed since registration
+            # Again: DNS may have changed since registration. The resolver's own timeouts bound this.
+            destination = check_destination(item.url, self._allow)
         except WebhookUrlRefused as exc:
-            return outcome(False, None, f"refused before sending: {exc.message}")
+            return Outcome(False, None, f"refused before sending: {exc.message}", None, int((time.monotonic() - started) * 1000))
         headers = {
             "Content-Type": "application/json",
             "User-Agent": "gpupool-webhooks/1",
@@ -338,21 +560,23 @@ class WebhookSender:
             SIGNATURE_HEADER: signature_header(item.body, item.secret, int(time.time())),
         }
         extensions = {"sni_hostname": destination.host} if destination.scheme == "https" else {}
+        status: int | None = None
         try:
             with self._http.stream("POST", destination.pinned_url(), content=item.body, headers=headers, extensions=extensions) as response:
+                status = response.status_code
                 answer = bytearray()
                 for block in response.iter_bytes():
                     answer += block
-                    if len(answer) >= self._settings.webhook_max_response_bytes:
+                    if len(answer) >= self._settings.webhook_max_response_bytes or deadline.passed:
                         break  # the rest is never read: a receiver cannot make the sender download a flood
                 excerpt = bytes(answer[:RESPONSE_EXCERPT_CHARS]).decode(errors="replace")
                 if response.is_redirect:
-                    return outcome(False, response.status_code, "redirects are not followed", excerpt)
+                    return outcome(False, status, "redirects are not followed", excerpt)
                 if response.is_success:
-                    return outcome(True, response.status_code, None, excerpt)
-                return outcome(False, response.status_code, f"HTTP {response.status_code}", excerpt)
+                    return outcome(True, status, None, excerpt)
+                return outcome(False, status, f"HTTP {status}", excerpt)
         except httpx.HTTPError as exc:
-            return outcome(False, None, f"{type(exc).__name__}: {exc}"[:500])
+            return outcome(False, status, f"{type(exc).__name__}: {exc}"[:500])
 
     def _finish(self, item: Claimed, result: Outcome | None) -> None:
         now = utcnow()

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from billing.money import format_nanos
 from gpupool import db
@@ -87,11 +87,9 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
         account.unix_user, account.unix_uid = tenant.user, tenant.uid
     limit = "no GPU limit" if args.gpu_limit is None else f"GrpTRES=gres/gpu={args.gpu_limit}"
     print(f"account {args.name} {verb} ({limit}; jobs run as Unix user {tenant.user}, uid {tenant.uid})")
-    with session_factory() as session:
-        account_count = session.scalar(select(func.count()).select_from(Account)) or 0
-    refusal = docker_runtime_refusal(settings, account_count)
+    refusal = docker_runtime_refusal(settings)
     if refusal is not None and verb == "created":
-        print(f"warning: {refusal}; jobs with a container_image are now refused (422 container_runtime_unsafe)", file=sys.stderr)
+        print(f"warning: {refusal}; jobs with a container_image are refused (422 container_runtime_unsafe)", file=sys.stderr)
     if verb == "created":
         print(
             "compute nodes need this user too: rerun the playbook's tenants step "

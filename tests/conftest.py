@@ -3,6 +3,13 @@
 Each test runs inside an outer PostgreSQL transaction that is rolled back
 afterwards; Slurm cannot roll back, so each session makes its own Slurm
 account and cancels that account's jobs after every test.
+
+Time: every app a test builds in-process takes its calendar ("this month",
+budgets, report windows) from a FrozenClock set to ``SUITE_NOW``: the real
+time when the run started, or ``GPUPOOL_TEST_NOW`` when it is set (``make
+test-calendar`` runs the date-sensitive tests at a month's last second, the
+next month's first and 29 February). Fixtures that bill "this month" derive
+their dates from ``SUITE_NOW``, never from a literal month.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import sessionmaker
 
 from gpupool import db
+from gpupool.clock import FrozenClock, parse_instant, system_clock
 from gpupool.config import Settings, load_settings
 from gpupool.slurm import SlurmClient
 from gpupool.slurm_parse import parse_delimited
@@ -41,6 +49,7 @@ from tests.support.tenancy import job_root_for_tests, runas_helper
 REPO = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("GPUPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 JWT_SECRET = "test-secret-" + "k" * 40
+SUITE_NOW = parse_instant(os.environ["GPUPOOL_TEST_NOW"]) if os.environ.get("GPUPOOL_TEST_NOW") else system_clock().replace(microsecond=0)
 
 def sacct_row(slurm_job_id: int, fields: str = "JobID,Account,AllocTRES,State,ExitCode,ElapsedRaw,Comment") -> dict[str, str]:
     """Slurm's accounting record of one allocation, keyed on sacct's header."""
@@ -138,14 +147,22 @@ def settings(session_settings: Settings) -> Settings:
 
 
 @pytest.fixture
-def app(settings: Settings, slurm: SlurmClient, session_factory: sessionmaker) -> Flask:
-    return create_app_for_tests(settings, slurm, session_factory)
+def clock() -> FrozenClock:
+    """The calendar of the test's app: SUITE_NOW, which the test may move."""
+    return FrozenClock(SUITE_NOW)
 
 
-def create_app_for_tests(settings: Settings, slurm: SlurmClient, session_factory: sessionmaker) -> Flask:
+@pytest.fixture
+def app(settings: Settings, slurm: SlurmClient, session_factory: sessionmaker, clock: FrozenClock) -> Flask:
+    return create_app_for_tests(settings, slurm, session_factory, clock=clock)
+
+
+def create_app_for_tests(
+    settings: Settings, slurm: SlurmClient, session_factory: sessionmaker, *, clock: FrozenClock | None = None
+) -> Flask:
     from api import create_app
 
-    return create_app(settings, slurm=slurm, session_factory=session_factory)
+    return create_app(settings, slurm=slurm, session_factory=session_factory, clock=clock or FrozenClock(SUITE_NOW))
 
 
 def recorded_token(settings: Settings, account: str, *, sub: str = "alice", role: str = "customer", ttl_s: int = 3600) -> str:

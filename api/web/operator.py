@@ -13,13 +13,12 @@ from typing import Any, ParamSpec, TypeVar
 from flask import render_template, request
 from sqlalchemy import select
 
-from api.context import app_state, db_session, principal
+from api.context import app_state, calendar_now, db_session, principal
 from api.web import charts
 from api.web.pages import web_bp
 from billing.budgets import balance
 from billing.money import format_nanos
 from billing.report import build_report, parse_window
-from gpupool.db import utcnow
 from gpupool.errors import NotFound, ServiceUnavailable
 from gpupool.models import Account
 
@@ -77,7 +76,7 @@ def nodes() -> str:
 @admin_page
 def accounts() -> str:
     database = db_session()
-    now = utcnow()
+    now = calendar_now()
     currency = app_state().settings.currency
     rows = []
     for account in database.scalars(select(Account).order_by(Account.name)):
@@ -117,7 +116,7 @@ def _percent(text: str | None) -> float:
 @web_bp.get("/admin/report")
 @admin_page
 def report() -> str:
-    now = utcnow()
+    now = calendar_now()
     args = {name: request.args.get(name) or None for name in ("period", "since", "until")}
     since, until = parse_window(args["period"], args["since"], args["until"], now=now)
     app = app_state()

@@ -13,7 +13,6 @@ import datetime as dt
 import uuid
 from typing import Any
 
-import jwt
 from flask import Blueprint, Response, current_app, g, redirect, render_template, request, session, url_for
 from sqlalchemy import select, union
 from werkzeug.exceptions import HTTPException
@@ -21,8 +20,8 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from api import billing as billing_api
 from api import jobs as jobs_api
-from api.auth import count_unauthenticated, principal_for_token
-from api.context import app_state, db_session, principal
+from api.auth import PAGE_SESSION_KEY, count_unauthenticated, principal_for_token
+from api.context import app_state, calendar_now, db_session, principal
 from api.errors import status_for
 from api.metrics import JOBS_SUBMITTED
 from api.submission import submit
@@ -45,6 +44,7 @@ from gpupool.errors import (
 )
 from gpupool.models import Account, Adjustment, Job, LedgerEntry
 from gpupool.render import log_path
+from gpupool.web_sessions import end_web_session, start_web_session
 
 web_bp = Blueprint("web", __name__, url_prefix="/ui", template_folder="templates", static_folder="static")
 # JSON the pages' scripts poll, answered by the API's own views with the session's caller.
@@ -141,15 +141,22 @@ def signin() -> BaseResponse | tuple[str, int]:
     except Unauthorized as exc:
         count_unauthenticated()  # guessing tokens here is throttled as it is on the API
         return render_template("web/signin.html", error=exc.message, next=request.form.get("next", "")), 401
-    # The signature and claims were just verified; only the expiry is read from them again.
-    expires_at = int(jwt.decode(token, options={"verify_signature": False})["exp"])
-    start_session(token, expires_at)
+    assert caller.expires_at is not None  # a verified token has its exp
+    # The cookie gets a server-side session's id; the token itself is not kept anywhere.
+    session_id = start_web_session(db_session(), caller, utcnow())
+    db_session().commit()
+    start_session(session_id, caller.expires_at)
     g.principal = caller
     return redirect(_safe_next(request.form.get("next")), code=303)
 
 
 @web_bp.post("/signout")
 def signout() -> BaseResponse:
+    session_id = session.get(PAGE_SESSION_KEY)
+    if isinstance(session_id, str):
+        # Deleted, not just forgotten by this browser: a copy of the cookie no longer works either.
+        end_web_session(db_session(), session_id)
+        db_session().commit()
     session.clear()
     return redirect(url_for("web.signin"), code=303)
 
@@ -325,7 +332,7 @@ def _money_meters(current: Balance, currency: str) -> list[charts.Meter]:
 
 @web_bp.get("/usage")
 def usage_page() -> str:
-    now = utcnow()
+    now = calendar_now()
     period = check_period(request.args.get("period") or period_of(now))
     account = _account_in_view()
     database = db_session()
@@ -360,7 +367,7 @@ def invoices() -> str:
         select(LedgerEntry.period).where(LedgerEntry.account == account),
         select(Adjustment.period).where(Adjustment.account == account),
     )
-    periods = set(database.scalars(select(periods_query.subquery().c.period))) | {period_of(utcnow())}
+    periods = set(database.scalars(select(periods_query.subquery().c.period))) | {period_of(calendar_now())}
     connection = database.connection()
     rows = []
     for period in sorted(periods, reverse=True):

@@ -1,12 +1,13 @@
 """The pages' session cookie and CSRF tokens.
 
-The cookie holds the pasted token, signed (not encrypted) by Flask with a key
-of its own: ``web_session_secret``, or an HMAC of the JWT secret under a fixed
-label, so the cookie key never equals the JWT key and one cannot stand in for
-the other. It is HttpOnly, SameSite=Strict, Secure when the request came over
-TLS (gunicorn trusts X-Forwarded-Proto from the local proxy only), scoped to
-/ui, and expires with the token. Every request re-checks the token exactly as
-the API does (``api.auth.principal_for_token``).
+The cookie holds a random server-side session id and the CSRF value, never
+the pasted token; it is signed (not encrypted) by Flask with a key of its own:
+``web_session_secret``, or an HMAC of the JWT secret under a fixed label, so
+the cookie key never equals the JWT key and one cannot stand in for the other.
+It is HttpOnly, SameSite=Strict, Secure when the request came over TLS
+(gunicorn trusts X-Forwarded-Proto from the local proxy only), scoped to /ui,
+and expires with the token. Every request reads the session's row and its
+token's record (``gpupool.web_sessions``); signing out deletes the row.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import secrets
 from flask import Flask, request, session
 from flask.sessions import SecureCookieSessionInterface, SessionMixin
 
-from api.auth import PAGE_TOKEN_KEY
+from api.auth import PAGE_SESSION_KEY
 from gpupool.config import Settings
 from gpupool.errors import Forbidden
 
@@ -84,9 +85,9 @@ def check_csrf() -> None:
         )
 
 
-def start_session(token: str, expires_at: int) -> None:
-    """A fresh session for a verified token: nothing from before sign-in (its CSRF value included) survives."""
+def start_session(session_id: str, expires_at: int) -> None:
+    """The cookie of a fresh server-side session: nothing from before sign-in (its CSRF value included) survives."""
     session.clear()
-    session[PAGE_TOKEN_KEY] = token
+    session[PAGE_SESSION_KEY] = session_id
     session[EXPIRES_KEY] = expires_at
     session[CSRF_KEY] = secrets.token_urlsafe(32)

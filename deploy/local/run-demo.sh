@@ -25,7 +25,12 @@ if ! id -u "$service_user" >/dev/null 2>&1; then
   exit 1
 fi
 service_group=$(id -gn "$service_user")
-as_service=(setpriv "--reuid=$service_user" "--regid=$service_group" --init-groups --no-new-privs -- env "HOME=$PWD/var")
+# The service's environment is its own (env -i): nothing of the caller's session
+# (XDG_RUNTIME_DIR, where gunicorn would put its control socket, SSH_*, proxies)
+# reaches gunicorn or billing; gpupool's own settings are added below.
+base_env=(PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8)
+as_service=(setpriv "--reuid=$service_user" "--regid=$service_group" --init-groups --no-new-privs --
+            env -i "${base_env[@]}" "HOME=$PWD/var")
 if ! "${as_root[@]}" "${as_service[@]}" test -r "$PWD/api/__init__.py" -a -x "$PWD/$venv/bin/gunicorn"; then
   echo "run-demo: the service user $service_user cannot read $PWD; clone gpupool where it can (for example under /opt or /srv), or run make as a normal user with sudo" >&2
   exit 1
@@ -39,8 +44,16 @@ export GPUPOOL_SERVICE_USER=$service_user GPUPOOL_SERVICE_GROUP=$service_group
 export GPUPOOL_RUNAS_SOCKET=$socket_dir/runas.sock
 gpupool_env=(GPUPOOL_DATABASE_URL GPUPOOL_RATELIMIT_STORAGE_URI GPUPOOL_JOB_ROOT GPUPOOL_SERVICE_USER
              GPUPOOL_SERVICE_GROUP GPUPOOL_RUNAS_SOCKET)
-root_env=(env PATH=/usr/sbin:/usr/bin:/sbin:/bin)
+root_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
 for name in "${gpupool_env[@]}"; do root_env+=("$name=${!name}"); done
+# The run-as helper gets those of the settings it reads (gpupool.runas.HELPER_SETTINGS)
+# that are set here: not the database URL, not the JWT secret exported below.
+# (It starts itself again with only its own settings in any case.)
+helper_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin)
+for name in GPUPOOL_JOB_ROOT GPUPOOL_SERVICE_USER GPUPOOL_SERVICE_GROUP GPUPOOL_SLURM_PARTITION GPUPOOL_SLURM_BIN_DIR \
+            GPUPOOL_JOB_PATH GPUPOOL_CONTAINER_RUNTIME GPUPOOL_CONTAINER_ALLOWLIST GPUPOOL_CONTAINER_MOUNTS SLURM_CONF; do
+  if [ -n "${!name+set}" ]; then helper_env+=("$name=${!name}"); fi
+done
 
 mkdir -p var
 "${as_root[@]}" chown -R "$service_user:$service_group" var
@@ -51,6 +64,10 @@ fi
 # The secret reaches gunicorn through its environment, which no tenant can read (another uid).
 GPUPOOL_JWT_SECRET=${GPUPOOL_JWT_SECRET:-$("${as_root[@]}" cat var/jwt-secret)}
 export GPUPOOL_JWT_SECRET
+# gpupool's settings, the caller's GPUPOOL_* included, and Slurm's config path.
+for name in $(compgen -e); do
+  case $name in GPUPOOL_*|SLURM_CONF) as_service+=("$name=${!name}") ;; esac
+done
 
 "${as_service[@]}" "$venv/bin/gpupool" db upgrade
 
@@ -60,7 +77,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-"${as_root[@]}" "${root_env[@]}" "$venv/bin/gpupool" runas serve --socket "$GPUPOOL_RUNAS_SOCKET" \
+"${as_root[@]}" "${helper_env[@]}" "$venv/bin/gpupool" runas serve --socket "$GPUPOOL_RUNAS_SOCKET" \
   >> var/runas.log 2>&1 &
 children+=($!)
 

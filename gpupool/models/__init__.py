@@ -6,6 +6,7 @@ from gpupool.models.billing import Adjustment, BillingPass, BillingState, Ledger
 from gpupool.models.jobs import TERMINAL_STATES, Job, SlurmSync
 from gpupool.models.report import NodeCost
 from gpupool.models.tokens import IssuedToken
+from gpupool.models.web_sessions import WebSession
 from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "NodeCost",
     "Price",
     "SlurmSync",
+    "WebSession",
     "WebhookAttempt",
     "WebhookDelivery",
     "WebhookEndpoint",

@@ -18,6 +18,8 @@ from gpupool.models import Adjustment
 from gpupool.slurm import SlurmClient
 from gpupool.slurm_parse import parse_delimited, parse_gres
 from tests.conftest import bearer, create_app_for_tests, sacct_row, slurm_cmd, utc, wait_for
+from tests.support.sacct_dumps import as_pass_output
+from tests.support.services import TENANT_PREFIX
 
 HELLO = {"template": "hello", "params": {"message": "share", "seconds": 0}}
 
@@ -140,9 +142,11 @@ def test_invoice_cells_a_spreadsheet_would_run_are_shown_as_text(
         set_price(session, "rtx4090", 120_000, utc("2020-01-01T00:00:00Z"))
     dump = tmp_path / "nov.psv"
     dump.write_text(
-        "|".join(SACCT_FIELDS)
-        + f"\ngpupool|911|911|{account}|alice|COMPLETED|2026-11-03T10:00:00|2026-11-03T10:00:00|2026-11-03T11:00:00"
-        + '|3600|gres/gpu:rtx4090=1,gres/gpu=1|=HYPERLINK("http://x")\n'
+        as_pass_output([
+            "|".join(SACCT_FIELDS),
+            f"gpupool|911|911|{account}|{TENANT_PREFIX}{account}|COMPLETED|2026-11-03T10:00:00|2026-11-03T10:00:00|2026-11-03T11:00:00"
+            '|3600|gres/gpu:rtx4090=1,gres/gpu=1|=HYPERLINK("http://x")',
+        ])
     )
     passes.replay(session_factory, settings.replace(billing_archive_dir=str(tmp_path / "archive")), dump)
     with session_factory() as session, session.begin():

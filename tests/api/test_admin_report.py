@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 from flask.testing import FlaskClient
 
+from billing.meter import month_start, next_month_start
 from gpupool.config import Settings
 from gpupool.slurm_parse import parse_delimited, parse_gres
-from tests.conftest import bearer, slurm_cmd
+from tests.conftest import SUITE_NOW, bearer, slurm_cmd
+
+pytestmark = pytest.mark.calendar
 
 
 def test_an_admin_gets_the_report_of_a_month(client: FlaskClient, settings: Settings, account: str) -> None:
@@ -33,9 +37,14 @@ def test_an_admin_gets_the_report_of_a_month(client: FlaskClient, settings: Sett
 
 def test_a_range_and_malformed_windows(client: FlaskClient, settings: Settings, account: str) -> None:
     admin = bearer(settings, account, sub="root", role="admin")
-    since = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    since = (SUITE_NOW - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     ok = client.get(f"/admin/report?since={since}", headers=admin)
     assert ok.status_code == 200 and ok.get_json()["since"] == since
+    # With no window at all: the month the API's clock is in.
+    this_month = client.get("/admin/report", headers=admin).get_json()
+    assert (this_month["since"], this_month["until"]) == (
+        month_start(SUITE_NOW).strftime("%Y-%m-%dT%H:%M:%SZ"), next_month_start(SUITE_NOW).strftime("%Y-%m-%dT%H:%M:%SZ")
+    )
     for query, code in (("period=2026-13", "bad_period"), ("period=2026-11&since=2026-11-01", "bad_window"),
                         ("since=2026-11-02&until=2026-11-01", "bad_window"), ("since=soon", "bad_window")):
         refused = client.get(f"/admin/report?{query}", headers=admin)

@@ -12,13 +12,24 @@ from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
 from billing import passes
+from billing.meter import next_month_start, period_of
 from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
+from gpupool.clock import FrozenClock
 from gpupool.config import Settings
 from gpupool.models import Account
-from tests.conftest import bearer
+from tests.conftest import SUITE_NOW, bearer
+from tests.support.sacct_dumps import as_pass_output
+from tests.support.services import TENANT_PREFIX
 
-PERIOD = "2026-11"
+pytestmark = pytest.mark.calendar
+# The fixture bills the month the API's clock is in, so "this month" is the invoice's month.
+PERIOD = period_of(SUITE_NOW)
+
+
+def day(number: int, time_of_day: str) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` on a day of PERIOD."""
+    return f"{PERIOD}-{number:02d}T{time_of_day}"
 
 
 def utc(text: str) -> dt.datetime:
@@ -36,12 +47,12 @@ def billed(priced: None, session_factory: sessionmaker, settings: Settings, acco
     """Two jobs of the caller's account (one across midnight), one of another account."""
     lines = [
         "|".join(SACCT_FIELDS),
-        f"gpupool|901|901|{account}|alice|COMPLETED|2026-11-03T23:00:00|2026-11-03T23:00:00|2026-11-04T01:00:00|7200|gres/gpu:rtx4090=2,gres/gpu=2|train,\"big\"",
-        f"gpupool|902|902|{account}|alice|CANCELLED by 0|2026-11-05T10:00:00|2026-11-05T10:00:00|2026-11-05T10:00:41|41|gres/gpu:rtx4090=1,gres/gpu=1|short",
-        f"gpupool|903|903|{other_account}|bob|COMPLETED|2026-11-05T10:00:00|2026-11-05T10:00:00|2026-11-05T11:00:00|3600|gres/gpu:rtx4090=4,gres/gpu=4|secret",
+        f"gpupool|901|901|{account}|{TENANT_PREFIX}{account}|COMPLETED|{day(3, '23:00:00')}|{day(3, '23:00:00')}|{day(4, '01:00:00')}|7200|gres/gpu:rtx4090=2,gres/gpu=2|train,\"big\"",
+        f"gpupool|902|902|{account}|{TENANT_PREFIX}{account}|CANCELLED by 0|{day(5, '10:00:00')}|{day(5, '10:00:00')}|{day(5, '10:00:41')}|41|gres/gpu:rtx4090=1,gres/gpu=1|short",
+        f"gpupool|903|903|{other_account}|{TENANT_PREFIX}{other_account}|COMPLETED|{day(5, '10:00:00')}|{day(5, '10:00:00')}|{day(5, '11:00:00')}|3600|gres/gpu:rtx4090=4,gres/gpu=4|secret",
     ]
-    dump = tmp_path / "nov.psv"
-    dump.write_text("\n".join(lines) + "\n")
+    dump = tmp_path / "month.psv"
+    dump.write_text(as_pass_output(lines))
     passes.replay(session_factory, settings.replace(billing_archive_dir=str(tmp_path / "archive")), dump)
 
 
@@ -52,8 +63,8 @@ def test_invoice_is_a_csv_attachment_of_the_callers_own_lines(client: FlaskClien
     assert response.headers["Content-Disposition"] == f'attachment; filename="gpupool-invoice-{account}-{PERIOD}.csv"'
     lines = list(csv.reader(io.StringIO(response.get_data(as_text=True), newline="")))
     assert [line[2:4] + line[6:12] for line in lines[1:]] == [
-        ["901", 'train,"big"', "2026-11-03T23:00:00Z", "2026-11-04T01:00:00Z", "7200", "14400", "0.00012", "1.73"],
-        ["902", "short", "2026-11-05T10:00:00Z", "2026-11-05T10:00:41Z", "41", "41", "0.00012", "0.00"],
+        ["901", 'train,"big"', day(3, "23:00:00Z"), day(4, "01:00:00Z"), "7200", "14400", "0.00012", "1.73"],
+        ["902", "short", day(5, "10:00:00Z"), day(5, "10:00:41Z"), "41", "41", "0.00012", "0.00"],
         ["", "", "", "", "7241", "14441", "", "1.73"],
     ]
     assert "secret" not in response.get_data(as_text=True)
@@ -91,14 +102,36 @@ def test_usage_by_type_and_by_day_agrees_with_the_invoice(
     assert body["gpu_seconds"] == 14441
     assert body["by_gpu_type"] == [{"gpu_type": "rtx4090", "gpu_seconds": 14441, "amount": "1.73292"}]
     assert body["by_day"] == [
-        {"date": "2026-11-03", "gpu_seconds": 7200, "amount": "0.864"},
-        {"date": "2026-11-04", "gpu_seconds": 7200, "amount": "0.864"},
-        {"date": "2026-11-05", "gpu_seconds": 41, "amount": "0.00492"},
+        {"date": day(3, "")[:10], "gpu_seconds": 7200, "amount": "0.864"},
+        {"date": day(4, "")[:10], "gpu_seconds": 7200, "amount": "0.864"},
+        {"date": day(5, "")[:10], "gpu_seconds": 41, "amount": "0.00492"},
     ]
     assert (body["charges"], body["adjustments"], body["total"]) == ("1.73", "0.00", "1.73")
     assert body["balance"]["monthly_limit"] == "50.00"
+    # The fixture's month is the API clock's month: all of it was spent this month.
     assert body["balance"]["spent_total"] == body["balance"]["spent_this_month"] == "1.73292"
     assert body["balance"]["remaining"] == "48.26708"
+    # The default period is the clock's month too.
+    assert client.get("/usage", headers=bearer(settings, account)).get_json() == body
+
+
+def test_this_month_follows_the_api_clock_into_the_next_month(
+    client: FlaskClient, billed: None, settings: Settings, account: str, session_factory: sessionmaker, clock: FrozenClock
+) -> None:
+    """A month later the same spend is no longer this month's: the monthly limit is whole again."""
+    with session_factory() as session, session.begin():
+        session.get(Account, account).monthly_limit_nanos = 50 * 10**9  # type: ignore[union-attr]
+    following = next_month_start(SUITE_NOW)
+    clock.set(following)
+    body = client.get("/usage", headers=bearer(settings, account)).get_json()
+    assert body["period"] == period_of(following) != PERIOD
+    assert (body["gpu_seconds"], body["total"]) == (0, "0.00")
+    assert body["balance"]["spent_total"] == "1.73292"
+    assert body["balance"]["spent_this_month"] == "0.00"
+    assert body["balance"]["remaining"] == "50.00"
+    clock.set(following - dt.timedelta(seconds=1))
+    last_second = client.get("/usage", headers=bearer(settings, account)).get_json()
+    assert (last_second["period"], last_second["balance"]["spent_this_month"]) == (PERIOD, "1.73292")
 
 
 def test_submit_is_402_when_the_budget_is_spent_or_the_worst_case_does_not_fit(

@@ -32,7 +32,10 @@ delay="$(cat "$here/delay_s")"
 if [ "$delay" = 0 ]; then
     /usr/bin/sbatch "$@" > /dev/null
 else
-    setsid bash -c 'sleep "$0"; exec /usr/bin/sbatch "$@"' "$delay" "$@" < /dev/null > /dev/null 2>&1 &
+    # The helper gives the script on standard input, which this one returns before the real sbatch reads it.
+    script="$(mktemp)"
+    cat > "$script"
+    setsid bash -c 'sleep "$0"; exec /usr/bin/sbatch "$@"' "$delay" "$@" < "$script" > /dev/null 2>&1 &
 fi
 echo "{LOST_REPLY}" >&2
 exit 1

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jwt
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
@@ -20,16 +21,21 @@ from werkzeug.http import parse_date
 from werkzeug.test import TestResponse
 
 from billing import passes
+from billing.meter import period_of
 from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
 from gpupool.config import Settings
-from gpupool.models import Job
+from gpupool.models import Job, WebSession
 from gpupool.slurm import SlurmClient
 from gpupool.tokens import revoke_token
-from tests.conftest import bearer, create_app_for_tests, recorded_token, wait_for
+from tests.conftest import SUITE_NOW, bearer, create_app_for_tests, recorded_token, wait_for
+from tests.support.sacct_dumps import as_pass_output
+from tests.support.services import TENANT_PREFIX
 
 SCRIPT_NAME = "<script>alert(1)</script>"
+# The billed fixture bills this past month; the pages are asked for it by name.
 PERIOD = "2026-11"
+pytestmark = pytest.mark.calendar
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
 
@@ -117,6 +123,53 @@ def test_signing_out_ends_the_session(client: FlaskClient, settings: Settings, a
     assert later.status_code == 302
     assert later.headers["Location"] == "/ui/signin?next=/ui/jobs"
     assert client.get("/ui/data/jobs").get_json() == {"error": "session_ended", "message": "sign in again: the session has ended"}
+
+
+def page_cookie(client: FlaskClient) -> str:
+    cookie = client.get_cookie("gpupool_session", path="/ui")
+    assert cookie is not None
+    return cookie.value
+
+
+def test_the_cookie_holds_a_session_id_not_the_token(app: Flask, settings: Settings, account: str) -> None:
+    client = app.test_client()
+    token = recorded_token(settings, account)
+    assert sign_in(client, token).status_code == 303
+    value = page_cookie(client)
+    contents = app.session_interface.get_signing_serializer(app).loads(value)  # type: ignore[attr-defined]
+    assert set(contents) == {"sid", "csrf", "expires_at"}
+    for part in (token, *token.split(".")):
+        assert part not in value and part not in str(contents)
+    with app.extensions["gpupool"].session_factory() as database:
+        # The database keeps only the id's hash, so a copy of the table signs nobody in either.
+        hashes = set(database.scalars(select(WebSession.id_hash)))
+    assert contents["sid"] not in hashes and len(hashes) == 1
+
+
+def test_a_signed_out_cookie_replayed_gets_the_sign_in_page(app: Flask, settings: Settings, account: str) -> None:
+    client = app.test_client()
+    signed_in(client, settings, account)
+    old_cookie = page_cookie(client)
+    answer = client.post("/ui/signout", data={"csrf_token": csrf_of(client.get("/ui/jobs"))})
+    assert answer.status_code == 303
+
+    replayed = app.test_client()
+    replayed.set_cookie("gpupool_session", old_cookie, path="/ui")
+    page = replayed.get("/ui/jobs")
+    assert page.status_code == 302 and page.headers["Location"] == "/ui/signin?next=/ui/jobs"
+    replayed.set_cookie("gpupool_session", old_cookie, path="/ui")
+    data = replayed.get("/ui/data/jobs")
+    assert data.status_code == 401
+    assert data.get_json() == {"error": "session_ended", "message": "sign in again: the session has ended"}
+
+
+def test_each_sign_in_is_its_own_session(app: Flask, settings: Settings, account: str) -> None:
+    token = recorded_token(settings, account)
+    first, second = app.test_client(), app.test_client()
+    assert sign_in(first, token).status_code == 303 and sign_in(second, token).status_code == 303
+    assert first.post("/ui/signout", data={"csrf_token": csrf_of(first.get("/ui/jobs"))}).status_code == 303
+    assert first.get("/ui/jobs").status_code == 302
+    assert second.get("/ui/jobs").status_code == 200  # signing out one browser leaves the other signed in
 
 
 def test_a_revoked_token_ends_the_session(
@@ -259,11 +312,11 @@ def billed(session_factory: sessionmaker, settings: Settings, account: str, tmp_
         set_price(session, "rtx3090", 70_000, dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
     lines = [
         "|".join(SACCT_FIELDS),
-        f"gpupool|911|911|{account}|alice|COMPLETED|2026-11-03T23:00:00|2026-11-03T23:00:00|2026-11-04T01:00:00|7200|gres/gpu:rtx4090=2,gres/gpu=2|{SCRIPT_NAME}",
-        f"gpupool|912|912|{account}|alice|COMPLETED|2026-11-04T10:00:00|2026-11-04T10:00:00|2026-11-04T10:30:00|1800|gres/gpu:rtx3090=1,gres/gpu=1|small",
+        f"gpupool|911|911|{account}|{TENANT_PREFIX}{account}|COMPLETED|{PERIOD}-03T23:00:00|{PERIOD}-03T23:00:00|{PERIOD}-04T01:00:00|7200|gres/gpu:rtx4090=2,gres/gpu=2|{SCRIPT_NAME}",
+        f"gpupool|912|912|{account}|{TENANT_PREFIX}{account}|COMPLETED|{PERIOD}-04T10:00:00|{PERIOD}-04T10:00:00|{PERIOD}-04T10:30:00|1800|gres/gpu:rtx3090=1,gres/gpu=1|small",
     ]
-    dump = tmp_path / "nov.psv"
-    dump.write_text("\n".join(lines) + "\n")
+    dump = tmp_path / "month.psv"
+    dump.write_text(as_pass_output(lines))
     passes.replay(session_factory, settings.replace(billing_archive_dir=str(tmp_path / "archive")), dump)
 
 
@@ -281,13 +334,16 @@ def test_usage_chart_stacks_gpu_hours_per_day_by_type(
     page = client.get(f"/ui/usage?period={PERIOD}").get_data(as_text=True)
     assert bars(page) == [("03", "rtx4090", 2.0), ("04", "rtx3090", 0.5), ("04", "rtx4090", 2.0)]
     assert 'id="gpu-hours">4.50<' in page
+    # Asked for no month, the page shows the app clock's, and lists it among the invoices.
+    this_month = period_of(SUITE_NOW)
+    assert f'id="period" name="period" value="{this_month}"' in client.get("/ui/usage").get_data(as_text=True)
     invoice = client.get(f"/ui/invoices/{PERIOD}.csv")
     assert invoice.mimetype == "text/csv"
     assert invoice.headers["Content-Disposition"] == f'attachment; filename="gpupool-invoice-{account}-{PERIOD}.csv"'
     # A spreadsheet never runs the job name; the page never runs it either.
     assert SCRIPT_NAME in invoice.get_data(as_text=True)
     listing = client.get("/ui/invoices").get_data(as_text=True)
-    assert f'data-period="{PERIOD}"' in listing
+    assert f'data-period="{PERIOD}"' in listing and f'data-period="{this_month}"' in listing
 
 
 def test_an_admin_sees_the_report_with_charts(
@@ -301,5 +357,7 @@ def test_an_admin_sees_the_report_with_charts(
     # 2 x 2 h of rtx4090 at 0.00012/s and 0.5 h of rtx3090 at 0.00007/s.
     assert f'data-column="{account}" data-value="1.854"' in body
     assert 'id="gpu-hours-sold">4.50<' in body
+    # Asked for no window, the report is of the app clock's month, in which nothing was billed.
+    assert 'id="gpu-hours-sold">0.00<' in client.get("/ui/admin/report").get_data(as_text=True)
     assert html.escape(SCRIPT_NAME, quote=False) not in body and SCRIPT_NAME not in body
     assert client.get("/ui/admin/report?period=2026-13").status_code == 400

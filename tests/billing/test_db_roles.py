@@ -239,6 +239,29 @@ def test_the_billing_role_adds_ledger_rows_but_changes_none(billed: RolesDb) -> 
     assert_permission_denied(url, "UPDATE jobs SET state = 'COMPLETED'", "jobs")
 
 
+def test_neither_service_role_can_switch_the_ledgers_trigger_off(billed: RolesDb) -> None:
+    """What a compromised API or billing worker would try first, with the role it holds."""
+    for url in (billed.api_url, billed.billing_url):
+        for statement, refusal in (
+            ("ALTER TABLE ledger_entries DISABLE TRIGGER ledger_entries_no_update_delete", "must be owner of table ledger_entries"),
+            ("ALTER TABLE ledger_entries DISABLE TRIGGER ALL", "must be owner of table ledger_entries"),
+            ("DROP TRIGGER ledger_entries_no_update_delete ON ledger_entries", "must be owner of relation ledger_entries"),
+            # Replacing the trigger's function, or shadowing it with one of its own.
+            (
+                "CREATE OR REPLACE FUNCTION gpupool_ledger_append_only() RETURNS trigger LANGUAGE plpgsql"
+                " AS $$ BEGIN RETURN OLD; END $$",
+                "permission denied for schema public",
+            ),
+        ):
+            error = failure(url, statement)
+            assert error.pgcode == PERMISSION_DENIED, (statement, error.pgerror)
+            assert refusal in str(error), (statement, error.pgerror)
+        # Triggers off for the session: superusers only.
+        error = failure(url, "SET session_replication_role = replica")
+        assert error.pgcode == PERMISSION_DENIED and 'permission denied to set parameter "session_replication_role"' in str(error)
+    assert len(billed.owner.ledger("acme")) == 2
+
+
 def test_not_even_the_owner_can_rewrite_the_ledger(billed: RolesDb) -> None:
     url = billed.owner.url
     assert_append_only(url, "UPDATE ledger_entries SET amount_nanos = 0", "UPDATE")

@@ -18,13 +18,14 @@ from billing.sacct import SACCT_FIELDS
 from gpupool.models import Adjustment, BillingPass
 from tests.billing.conftest import RTX3090_NANOS, RTX4090_NANOS, LedgerDb
 from tests.conftest import wait_for
+from tests.support.sacct_dumps import as_pass_output
 
 HEADER = "|".join(SACCT_FIELDS)
 
 
 def dump(tmp_path: Path, name: str, *rows: str) -> Path:
     path = tmp_path / name
-    path.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    path.write_text(as_pass_output([HEADER, *rows]))
     return path
 
 

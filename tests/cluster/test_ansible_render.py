@@ -221,8 +221,34 @@ def test_every_host_gets_the_same_slurm_conf(rendered: Rendered) -> None:
 def test_accounting_tracks_every_gpu_type_found_and_is_enforced(rendered: Rendered) -> None:
     settings = dict(line.split("=", 1) for line in config_lines(rendered.text("ctl1", "etc/slurm/slurm.conf")) if "=" in line)
     assert settings["AccountingStorageTRES"].split(",") == ["gres/gpu", "gres/gpu:rtx4090", "gres/gpu:rtx3090"]
-    assert settings["AccountingStorageEnforce"] == "associations,limits,safe"
+    assert settings["AccountingStorageEnforce"] == "associations,limits,qos,safe"
     assert settings["AccountingStorageType"] == "accounting_storage/slurmdbd"
+
+
+def test_slurm_itself_bounds_tenants_jobs_time_partition_and_per_gpu_caps(rendered: Rendered) -> None:
+    lines = config_lines(rendered.text("ctl1", "etc/slurm/slurm.conf"))
+    settings = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith(("NodeName=", "PartitionName=")))
+    assert settings["EnforcePartLimits"] == "ALL"
+    assert settings["JobSubmitPlugins"] == "lua"
+    assert [line for line in lines if line.startswith("PartitionName=")] == [
+        "PartitionName=gpu Nodes=ALL Default=YES DefaultTime=60 MaxTime=10080 State=UP"
+    ]
+    # Only slurmctld reads job_submit.lua: on the controller alone.
+    lua = rendered.text("ctl1", "etc/slurm/job_submit.lua")
+    assert not rendered.path("gpu01", "etc/slurm/job_submit.lua").exists()
+    # One GPU's share of each node: gpu01 64 CPUs, 231300 MB, 4 GPUs; gpu02 24 CPUs, 115200 MB, 2 GPUs;
+    # memory in whole GB (56 GB = 57344 MB), as gpupool's max_mem_gb_per_gpu counts it.
+    assert "local share_any = { cpus = 12, mem_mb = 57344 }" in lua
+    assert '["rtx4090"] = { cpus = 16, mem_mb = 57344 },' in lua
+    assert '["rtx3090"] = { cpus = 12, mem_mb = 57344 },' in lua
+    assert "local max_time_min = 10080" in lua
+    assert "local exempt_uids = { [0] = true, }" in lua
+    assert 'local allowed_partitions = { ["gpu"] = true, }' in lua
+    assert "local floor_mem_mb = 4096" in lua
+    luac = shutil.which("luac5.1") or shutil.which("luac")
+    if luac is not None:
+        checked = subprocess.run([luac, "-p", "-"], input=lua, capture_output=True, text=True, check=False)
+        assert checked.returncode == 0, checked.stderr
 
 
 def test_cgroups_confine_devices_cores_and_memory_on_gpu_nodes(rendered: Rendered) -> None:
@@ -275,15 +301,18 @@ def test_gunicorn_configuration_is_python_with_the_production_settings(rendered:
     assert settings["preload_app"] is False
 
 
-def test_billing_runs_every_five_minutes_as_the_service_user(rendered: Rendered) -> None:
+def test_billing_runs_every_five_minutes_as_its_own_user(rendered: Rendered) -> None:
     service = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-billing.service"))["Service"]
     assert service["Type"] == ["oneshot"]
-    assert service["User"] == ["gpupool"] and service["Group"] == ["gpupool"]
+    # Not the API's user, which could otherwise read its environment and memory.
+    assert service["User"] == ["gpupool-billing"] and service["Group"] == ["gpupool-billing"]
+    assert service["SupplementaryGroups"] == ["gpupool"]
+    assert service["WorkingDirectory"] == ["/var/lib/gpupool-billing"]
     assert service["ExecStart"] == ["/opt/gpupool/venv/bin/gpupool billing run"]
-    # The billing role's connection comes second, so it is the one billing uses.
-    assert service["EnvironmentFile"] == [
-        str(rendered.path("ctl1", "etc/gpupool/gpupool.env")),
-        str(rendered.path("ctl1", "etc/gpupool/billing.env")),
+    # Settings from the shared file; billing's connection is a credential of its own.
+    assert service["EnvironmentFile"] == [str(rendered.path("ctl1", "etc/gpupool/gpupool.env"))]
+    assert service["LoadCredential"] == [
+        f"billing_database_url:{rendered.path('ctl1', 'etc/gpupool/credentials/billing/billing_database_url')}",
     ]
     timer = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-billing.timer"))
     assert timer["Timer"]["OnCalendar"] == ["*:0/5"]
@@ -303,7 +332,10 @@ def test_no_unit_runs_as_root(rendered: Rendered) -> None:
 def test_runas_helper_is_root_with_only_the_capabilities_it_needs(rendered: Rendered) -> None:
     unit = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-runas.service"))
     service = unit["Service"]
-    assert service["ExecStart"] == ["/opt/gpupool/venv/bin/gpupool runas serve --socket /run/gpupool-runas/runas.sock"]
+    assert service["ExecStart"] == [
+        "/opt/gpupool/venv/bin/gpupool runas serve --socket /run/gpupool-runas/runas.sock"
+        " --allow-user gpupool-billing --allow-user gpupool-operator"
+    ]
     assert service["User"] == ["root"] and service["Group"] == ["root"]
     # It reads the job root and the service user and group from the API's environment.
     assert service["EnvironmentFile"] == [str(rendered.path("ctl1", "etc/gpupool/gpupool.env"))]
@@ -328,17 +360,21 @@ def test_api_needs_the_runas_helper_and_can_gain_no_privileges(rendered: Rendere
     assert unit["Service"]["RestrictSUIDSGID"] == ["yes"]
 
 
+RENDER_SECRETS = (
+    "render-secret-not-for-use", "render-api-password", "render-billing-password", "render-migrate-password", "render-redis-password",
+)
+
+
 def test_environment_file_is_private_and_has_the_settings(rendered: Rendered) -> None:
     env_file = rendered.path("ctl1", "etc/gpupool/gpupool.env")
     info = env_file.stat()
     assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == 0
     env = dict(line.split("=", 1) for line in config_lines(env_file.read_text()))
-    assert env["GPUPOOL_JWT_SECRET"] == '"render-secret-not-for-use"'
-    # The API's own role: it cannot write the ledger, and no other role's password is here.
-    assert env["GPUPOOL_DATABASE_URL"] == '"postgresql://gpupool_api:render-api-password@127.0.0.1/gpupool"'
-    assert "render-billing-password" not in env_file.read_text()
-    assert "render-migrate-password" not in env_file.read_text()
-    assert env["GPUPOOL_RATELIMIT_STORAGE_URI"] == '"redis://127.0.0.1:6379/0"'
+    # Read by the API, billing and the run-as helper alike: settings, never a secret
+    # (those are each unit's own credentials).
+    assert not [secret for secret in RENDER_SECRETS if secret in env_file.read_text()]
+    assert not {"GPUPOOL_JWT_SECRET", "GPUPOOL_DATABASE_URL", "GPUPOOL_RATELIMIT_STORAGE_URI"} & set(env)
+    assert env["GPUPOOL_BILLING_ARCHIVE_DIR"] == '"/var/lib/gpupool-billing/archive"'
     assert env["GPUPOOL_SERVICE_USER"] == '"gpupool"' and env["GPUPOOL_SERVICE_GROUP"] == '"gpupool"'
     # The API and billing reach the run-as helper here; the setting Slurm's user once had is gone.
     assert env["GPUPOOL_RUNAS_SOCKET"] == '"/run/gpupool-runas/runas.sock"'
@@ -356,12 +392,86 @@ def test_billing_and_the_operator_connect_as_their_own_database_roles(rendered: 
     }
     assert dict(line.split("=", 1) for line in config_lines(files["operator"].read_text())) == {
         "GPUPOOL_DATABASE_URL": '"postgresql://gpupool_migrate:render-migrate-password@127.0.0.1/gpupool"',
+        "GPUPOOL_JWT_SECRET": '"render-secret-not-for-use"',
         "GPUPOOL_DATABASE_API_ROLE": '"gpupool_api"',
         "GPUPOOL_DATABASE_BILLING_ROLE": '"gpupool_billing"',
     }
     # The API's unit reads none of them.
     api = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-api.service"))["Service"]
     assert api["EnvironmentFile"] == [str(rendered.path("ctl1", "etc/gpupool/gpupool.env"))]
+
+
+def test_api_and_billing_each_hold_only_their_own_credentials(rendered: Rendered) -> None:
+    units = {
+        name: unit_settings(rendered.text("ctl1", f"etc/systemd/system/gpupool-{name}.service"))["Service"]
+        for name in ("api", "billing")
+    }
+    credentials = rendered.path("ctl1", "etc/gpupool/credentials")
+    # systemd shows a unit's credentials to that unit's user alone; the users differ,
+    # so neither can read the other's credentials, /proc/<pid>/environ or memory.
+    assert units["api"]["User"] != units["billing"]["User"]
+    assert units["api"]["ProtectProc"] == units["billing"]["ProtectProc"] == ["invisible"]
+    loaded = {name: dict(line.split(":", 1) for line in unit["LoadCredential"]) for name, unit in units.items()}
+    assert loaded == {
+        "api": {name: str(credentials / "api" / name) for name in ("database_url", "jwt_secret", "ratelimit_storage_uri")},
+        "billing": {"billing_database_url": str(credentials / "billing" / "billing_database_url")},
+    }
+    assert (credentials / "api" / "database_url").read_text() == "postgresql://gpupool_api:render-api-password@127.0.0.1/gpupool"
+    assert (credentials / "api" / "jwt_secret").read_text() == "render-secret-not-for-use"
+    assert (credentials / "billing" / "billing_database_url").read_text() == (
+        "postgresql://gpupool_billing:render-billing-password@127.0.0.1/gpupool"
+    )
+    # At rest, root's alone: the folders 0700, the files 0600.
+    for path in [credentials, *credentials.rglob("*")]:
+        info = path.stat()
+        assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) == (0o700 if path.is_dir() else 0o600), path
+    # Nothing of billing's in what the API's unit reads, nothing of the API's in billing's.
+    api_reads = [Path(file) for file in loaded["api"].values()] + [Path(file) for file in units["api"]["EnvironmentFile"]]
+    billing_reads = [Path(file) for file in loaded["billing"].values()] + [Path(file) for file in units["billing"]["EnvironmentFile"]]
+    assert not [file for file in api_reads if "render-billing-password" in file.read_text() or "render-migrate-password" in file.read_text()]
+    assert not [
+        file for file in billing_reads
+        if any(secret in file.read_text() for secret in ("render-api-password", "render-secret-not-for-use", "render-redis-password"))
+    ]
+
+
+def test_redis_asks_for_a_password_only_the_api_holds(rendered: Rendered) -> None:
+    conf = rendered.path("ctl1", "etc/redis/gpupool.conf")
+    info = conf.stat()
+    assert info.st_uid == pwd.getpwnam("redis").pw_uid and stat.S_IMODE(info.st_mode) == 0o640
+    assert config_lines(conf.read_text()) == ["bind 127.0.0.1 -::1", "port 6379", "protected-mode yes", "requirepass render-redis-password"]
+    uri = rendered.path("ctl1", "etc/gpupool/credentials/api/ratelimit_storage_uri").read_text()
+    assert uri == "redis://:render-redis-password@127.0.0.1:6379/0"
+    holders = [path for path in rendered.path("ctl1", "etc").rglob("*") if path.is_file() and "render-redis-password" in path.read_text(errors="replace")]
+    assert sorted(holders) == sorted([conf, rendered.path("ctl1", "etc/gpupool/credentials/api/ratelimit_storage_uri")])
+
+
+def test_firewall_closes_the_service_ports_to_tenant_uids_on_every_host(rendered: Rendered) -> None:
+    for host in ("ctl1", "gpu01", "gpu02"):
+        rules = rendered.path(host, "etc/gpupool-firewall.nft")
+        text = rules.read_text()
+        closed = re.search(r"set tenant_closed_tcp \{[^}]*elements = \{ ([^}]*) \}", text)
+        assert closed is not None, host
+        assert [int(port) for port in closed.group(1).split(",")] == [3306, 5000, 5432, 6379, 6820, 8000, 9090, 9100, 9400], host
+        rejects = [line.strip() for line in text.splitlines() if "reject" in line and not line.lstrip().startswith("#")]
+        assert rejects and all(line.startswith("meta skuid 200000-299999 ") for line in rejects), host
+        # The whole cluster: a job on gpu01 cannot reach ctl1's PostgreSQL or gpu02's exporters either.
+        assert "elements = { 127.0.0.0/8, 10.0.0.10, 10.0.0.21, 10.0.0.22 }" in text, host
+        # Slurm stays open to jobs (sbatch, srun, sacct), and from the cluster's hosts only.
+        assert "6817" not in closed.group(1) and re.search(r"set admit_tcp \{[^}]*6817, 6818, 6819", text), host
+        assert 'ip saddr != @cluster_ipv4 tcp dport @admit_tcp drop' in text, host
+        # Only gpupool's own table is replaced: Docker's and the site's stay.
+        assert "flush ruleset" not in text and "delete table inet gpupool" in text, host
+        if shutil.which("nft"):
+            subprocess.run(["nft", "-c", "-f", str(rules)], check=True, timeout=30, capture_output=True)
+
+
+def test_an_accounts_user_is_never_put_in_the_docker_group(repo_root: Path, tmp_path: Path) -> None:
+    for user in ("gp-acme", *[entry.pw_name for entry in pwd.getpwall() if 200000 <= entry.pw_uid <= 299999][:1]):
+        output = render_refused(
+            repo_root / "deploy" / "ansible", tmp_path, "--tags", "docker_users", "-e", json.dumps({"container_runtime_docker_users": [user]}),
+        )
+        assert f"{user} is an account's user" in output and "the docker group is root on the node" in output, output
 
 
 def test_environment_file_reads_back_the_same_in_a_shell(rendered: Rendered) -> None:
@@ -377,18 +487,21 @@ def test_environment_file_reads_back_the_same_in_a_shell(rendered: Rendered) -> 
     assert shown.stdout == "nvcr.io#nvidia/*,docker.io/library/*"
 
 
-def test_gpupool_wrapper_is_valid_sh_and_drops_to_the_service_user(rendered: Rendered) -> None:
+WRAPPER_EXEC = 'exec runuser -u "$run_as" -- /opt/gpupool/venv/bin/gpupool "$@"'
+
+
+def test_gpupool_wrapper_is_valid_sh_and_drops_to_an_unprivileged_user(rendered: Rendered) -> None:
     wrapper = rendered.path("ctl1", "usr/local/sbin/gpupool")
     subprocess.run(["sh", "-n", str(wrapper)], timeout=10, check=True)
-    assert "exec runuser -u gpupool -- /opt/gpupool/venv/bin/gpupool \"$@\"" in wrapper.read_text()
+    assert WRAPPER_EXEC in wrapper.read_text()
 
 
 def test_gpupool_wrapper_runs_billing_as_billing_and_the_rest_as_the_owner(rendered: Rendered, tmp_path: Path) -> None:
     # The wrapper as rendered, but showing the connections it would hand to gpupool.
     text = rendered.text("ctl1", "usr/local/sbin/gpupool")
-    text = text.replace("cd /var/lib/gpupool\n", "").replace(
-        'exec runuser -u gpupool -- /opt/gpupool/venv/bin/gpupool "$@"',
-        'printf "%s %s" "$GPUPOOL_DATABASE_URL" "$GPUPOOL_BILLING_DATABASE_URL"',
+    text = text.replace('cd "$state_dir"\n', "").replace(
+        WRAPPER_EXEC,
+        'printf "%s %s %s" "${GPUPOOL_DATABASE_URL-}" "${GPUPOOL_BILLING_DATABASE_URL-}" "${GPUPOOL_JWT_SECRET-}"',
     )
     probe = tmp_path / "gpupool"
     probe.write_text(text)
@@ -396,19 +509,20 @@ def test_gpupool_wrapper_runs_billing_as_billing_and_the_rest_as_the_owner(rende
     def urls(*argv: str) -> list[str]:
         return subprocess.run(["sh", str(probe), *argv], capture_output=True, text=True, timeout=10, check=True).stdout.split()
 
-    billing_url = "postgresql://gpupool_billing:render-billing-password@127.0.0.1/gpupool"
-    assert urls("billing", "run") == ["postgresql://gpupool_api:render-api-password@127.0.0.1/gpupool", billing_url]
+    # Billing gets its own connection and nothing of the API's or the owner's.
+    assert urls("billing", "run") == ["postgresql://gpupool_billing:render-billing-password@127.0.0.1/gpupool"]
+    # The operator: the owner's connection and the key that signs tokens, not billing's.
     assert urls("price", "set", "rtx4090", "0.0001") == [
         "postgresql://gpupool_migrate:render-migrate-password@127.0.0.1/gpupool",
-        billing_url,
+        "render-secret-not-for-use",
     ]
 
 
-def test_gpupool_wrapper_creates_accounts_as_root_and_runs_the_rest_as_the_service(rendered: Rendered, tmp_path: Path) -> None:
+def test_gpupool_wrapper_creates_accounts_as_root_and_runs_the_rest_as_their_own_users(rendered: Rendered, tmp_path: Path) -> None:
     # The wrapper as rendered, but saying whom it would run gpupool as.
     text = rendered.text("ctl1", "usr/local/sbin/gpupool")
-    text = text.replace("cd /var/lib/gpupool\n", "")
-    text = text.replace('exec runuser -u gpupool -- /opt/gpupool/venv/bin/gpupool "$@"', "echo gpupool; exit")
+    text = text.replace('cd "$state_dir"\n', "")
+    text = text.replace(WRAPPER_EXEC, 'echo "$run_as"; exit')
     text = text.replace('exec /opt/gpupool/venv/bin/gpupool "$@"', "echo root; exit")
     probe = tmp_path / "gpupool"
     probe.write_text(text)
@@ -417,9 +531,10 @@ def test_gpupool_wrapper_creates_accounts_as_root_and_runs_the_rest_as_the_servi
         return subprocess.run(["sh", str(probe), *argv], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
 
     assert runs_as("account", "create", "acme", "--gpu-limit", "8") == "root"
-    assert runs_as("account", "list", "--json") == "gpupool"
-    assert runs_as("billing", "run") == "gpupool"
-    assert runs_as("token", "create", "--user", "alice", "--account", "create") == "gpupool"
+    # Never the API's user (gpupool), which could read the owner's password in the environment.
+    assert runs_as("account", "list", "--json") == "gpupool-operator"
+    assert runs_as("billing", "run") == "gpupool-billing"
+    assert runs_as("token", "create", "--user", "alice", "--account", "create") == "gpupool-operator"
 
 
 def test_nginx_terminates_tls_and_hides_metrics(rendered: Rendered) -> None:

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from gpupool import db
+from gpupool.config import Settings
 from gpupool.models import Account
-from tests.conftest import JWT_SECRET, REDIS_URL, REPO
+from gpupool.slurm import SlurmClient
+from tests.conftest import JWT_SECRET, REDIS_URL, REPO, base_settings, throwaway_slurm_account
 from tests.support.http import as_service_user_argv, free_port, http
 from tests.support.services import TENANT_PREFIX, create_database, drop_database
 
@@ -112,3 +114,20 @@ def start_server(tmp_path: Path, live_db: str, job_root: Path, runas_socket: str
                 server.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(server.process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def tenant_b(slurm: SlurmClient, live_db: str) -> Iterator[str]:
+    """A second account of the module's own, with its tenant user, in the live database."""
+    with throwaway_slurm_account(slurm, "b") as name:
+        engine = db.make_engine(f"postgresql://postgres@127.0.0.1:5432/{live_db}")
+        user = TENANT_PREFIX + name
+        with db.make_session_factory(engine)() as session, session.begin():
+            session.add(Account(name=name, gpu_limit=4, unix_user=user, unix_uid=pwd.getpwnam(user).pw_uid))
+        engine.dispose()
+        yield name
+
+
+@pytest.fixture
+def live_settings(live_db: str) -> Settings:
+    return base_settings(database_url=f"postgresql://postgres@127.0.0.1:5432/{live_db}")

@@ -28,6 +28,8 @@ from gpupool.config import Settings
 from gpupool.models import Account, Job
 from tests.conftest import REPO, base_settings, recorded_token, wait_for
 from tests.live.conftest import Server
+from tests.support.sacct_dumps import as_pass_output
+from tests.support.services import TENANT_PREFIX
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.chrome.options import Options  # noqa: E402
@@ -80,12 +82,12 @@ def billed(live_db: str, slurm_account: str, tmp_path_factory: pytest.TempPathFa
     first = 800_000 + secrets.randbelow(100_000)  # ids no real job of this database has
     lines = [
         "|".join(SACCT_FIELDS),
-        f"gpupool|{first}|{first}|{slurm_account}|alice|COMPLETED|2025-06-03T10:00:00|2025-06-03T10:00:00|2025-06-03T11:00:00|3600|gres/gpu:rtx4090=2,gres/gpu=2|{SCRIPT_NAME}",
-        f"gpupool|{first + 1}|{first + 1}|{slurm_account}|alice|COMPLETED|2025-06-04T10:00:00|2025-06-04T10:00:00|2025-06-04T11:00:00|3600|gres/gpu:rtx4090=1,gres/gpu=1|b",
-        f"gpupool|{first + 2}|{first + 2}|{slurm_account}|alice|COMPLETED|2025-06-04T12:00:00|2025-06-04T12:00:00|2025-06-04T12:30:00|1800|gres/gpu:rtx3090=1,gres/gpu=1|c",
+        f"gpupool|{first}|{first}|{slurm_account}|{TENANT_PREFIX}{slurm_account}|COMPLETED|2025-06-03T10:00:00|2025-06-03T10:00:00|2025-06-03T11:00:00|3600|gres/gpu:rtx4090=2,gres/gpu=2|{SCRIPT_NAME}",
+        f"gpupool|{first + 1}|{first + 1}|{slurm_account}|{TENANT_PREFIX}{slurm_account}|COMPLETED|2025-06-04T10:00:00|2025-06-04T10:00:00|2025-06-04T11:00:00|3600|gres/gpu:rtx4090=1,gres/gpu=1|b",
+        f"gpupool|{first + 2}|{first + 2}|{slurm_account}|{TENANT_PREFIX}{slurm_account}|COMPLETED|2025-06-04T12:00:00|2025-06-04T12:00:00|2025-06-04T12:30:00|1800|gres/gpu:rtx3090=1,gres/gpu=1|c",
     ]
     dump = tmp_path / "june.psv"
-    dump.write_text("\n".join(lines) + "\n")
+    dump.write_text(as_pass_output(lines))
     passes.replay(sessions, settings.replace(billing_archive_dir=str(tmp_path / "archive")), dump)
     with sessions() as session, session.begin():
         account = session.get(Account, slurm_account)

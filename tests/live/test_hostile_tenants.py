@@ -15,27 +15,31 @@ import json
 import pwd
 import secrets
 import shutil
+import socket
+import struct
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpupool import db
 from gpupool.config import Settings
-from gpupool.models import Account
-from gpupool.slurm import SlurmClient
+from gpupool.errors import RunasUnavailable, TenantError
+from gpupool.render import JobSpec, RenderedJob, render
+from gpupool.runas import RunasClient
 from tests.conftest import (
+    JWT_SECRET,
     base_settings,
     recorded_token,
     sacct_row,
     slurm_cmd,
-    throwaway_slurm_account,
     wait_for,
 )
 from tests.live.conftest import Server, http
-from tests.support.services import TENANT_PREFIX
+from tests.support.services import TENANT_PREFIX, cancel_account_jobs
+from tests.support.tenancy import runas_helper
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -50,6 +54,8 @@ SHELL_TEMPLATE = (
 
 # Each line: attempt<TAB>exit status<TAB>what it printed. Values come in as positional
 # arguments of `bash -c`, set by the test; nothing here is gpupool's code.
+# Each sbatch asks for a GPU, which the cluster's job_submit plugin requires before
+# slurmctld looks at the account at all.
 ATTACKS = r"""
 attempt_rc() { local name=$1; shift; local out; out=$("$@" 2>&1 </dev/null); local rc=$?; printf '%s\t%s\t%s\n' "$name" "$rc" "$(printf %s "$out" | head -c 400 | tr '\n\t' '  ')"; }
 B_PID=$(pgrep -u "$B_USER" -x sleep | head -n1)
@@ -63,10 +69,10 @@ attempt_rc reach_runas_helper python3 -c "import socket,sys; s=socket.socket(soc
 attempt_rc scancel_b scancel "$B_SLURM_ID"
 attempt_rc hold_b scontrol hold "$B_SLURM_ID"
 attempt_rc extend_b scontrol update "JobId=$B_SLURM_ID" TimeLimit=600
-attempt_rc sbatch_as_b sbatch "--account=$B_ACCOUNT" --partition=gpu --wrap "sleep 1"
-attempt_rc sbatch_as_root_account sbatch --account=root --partition=gpu --wrap "sleep 1"
+attempt_rc sbatch_as_b sbatch "--account=$B_ACCOUNT" --partition=gpu --gres=gpu:1 --wrap "sleep 1"
+attempt_rc sbatch_as_root_account sbatch --account=root --partition=gpu --gres=gpu:1 --wrap "sleep 1"
 attempt_rc raise_own_gpu_limit sacctmgr -i modify account where "name=$A_ACCOUNT" set GrpTRES=gres/gpu=99
-attempt_rc forge_b_tag sbatch "--account=$A_ACCOUNT" --partition=gpu --hold "--comment=$B_TAG" --wrap "sleep 1"
+attempt_rc forge_b_tag sbatch "--account=$A_ACCOUNT" --partition=gpu --gres=gpu:1 --hold "--comment=$B_TAG" --wrap "sleep 1"
 # Its own logs: planted links and a FIFO the API must not follow.
 rm -f "$GPUPOOL_JOB_DIR/stderr.log" && ln -s /etc/shadow "$GPUPOOL_JOB_DIR/stderr.log"
 echo done
@@ -86,22 +92,6 @@ def templates_dir() -> Iterator[Path]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     yield root
     shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def tenant_b(slurm: SlurmClient, live_db: str) -> Iterator[str]:
-    with throwaway_slurm_account(slurm, "b") as name:
-        engine = db.make_engine(f"postgresql://postgres@127.0.0.1:5432/{live_db}")
-        user = TENANT_PREFIX + name
-        with db.make_session_factory(engine)() as session, session.begin():
-            session.add(Account(name=name, gpu_limit=4, unix_user=user, unix_uid=pwd.getpwnam(user).pw_uid))
-        engine.dispose()
-        yield name
-
-
-@pytest.fixture
-def live_settings(live_db: str) -> Settings:
-    return base_settings(database_url=f"postgresql://postgres@127.0.0.1:5432/{live_db}")
 
 
 def submit_script(server: Server, token: str, script: str, **extra: Any) -> dict[str, Any]:
@@ -218,3 +208,140 @@ def test_a_64_mb_line_is_served_capped_by_the_service(
     page = http("GET", f"{server.url}/jobs/{job['job_id']}/logs?offset=0", token=token)
     assert page.status == 200 and len(page.body) == cap
     assert int(page.headers["Gpupool-Next-Offset"]) == cap
+
+
+# -- the run-as helper itself, against a caller that is not the API's code ----------
+#
+# The service user can reach the helper's socket; these tests speak to a real
+# helper directly, as a compromised API process could, and read what it answered,
+# what Slurm holds afterwards, and what the kernel shows of the helper.
+
+DATABASE_URL_OF_THE_API = "postgresql://gpupool_api:pw-of-the-api@127.0.0.1/gpupool"
+
+
+@pytest.fixture(scope="module")
+def strict_helper(job_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A helper started with the API's secrets in its environment, a 1 s request timeout and room for 2 callers."""
+    extra = {
+        "GPUPOOL_JWT_SECRET": JWT_SECRET,
+        "GPUPOOL_DATABASE_URL": DATABASE_URL_OF_THE_API,
+        "GPUPOOL_RUNAS_TIMEOUT_S": "1",
+        "GPUPOOL_RUNAS_MAX_CONNECTIONS": "2",
+    }
+    with runas_helper(job_root, tmp_path_factory.mktemp("strict-runas"), extra) as socket_path:
+        yield socket_path
+
+
+def helper_client(socket_path: str, job_root: Path) -> RunasClient:
+    return RunasClient(base_settings(runas_socket=socket_path, job_root=str(job_root)))
+
+
+def job_for(account: str, job_root: Path) -> tuple[str, RenderedJob]:
+    job_id = str(uuid.uuid4())
+    spec = JobSpec(
+        job_id=job_id, account=account, name="strict", template="hello", body="echo hi", params={}, gpus=1,
+        gpu_type=None, cpus=1, mem_gb=1, time_limit_min=1, partition="gpu", job_dir=str(job_root / account / job_id),
+    )
+    return job_id, render(spec)
+
+
+def with_directive(script: str, directive: str) -> str:
+    """``directive`` after a blank line and a comment, still before the first command: where sbatch reads it."""
+    lines = script.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("set -euo"))
+    return "\n".join([*lines[:at], "", "# planted", directive, *lines[at:]])
+
+
+def account_jobs(account: str) -> str:
+    """Every job slurmctld holds for ``account``, with its comment (gpupool's tag)."""
+    return slurm_cmd("squeue", "-h", "--states=all", f"--account={account}", "--format=%i|%k")
+
+
+@pytest.mark.parametrize(
+    "directive",
+    ["#SBATCH --account=root", "#SBATCH --partition=x", "#SBATCH --gres=gpu:8", "#SBATCH --qos=high", "#SLURM --time=600"],
+)
+def test_the_helper_refuses_a_script_whose_sbatch_lines_say_more_than_its_options(
+    strict_helper: str, job_root: Path, slurm_account: str, directive: str
+) -> None:
+    client = helper_client(strict_helper, job_root)
+    job_id, job = job_for(slurm_account, job_root)
+    with pytest.raises(TenantError, match="not one of the options gpupool submits it with") as refused:
+        client.submit(slurm_account, job_id, with_directive(job.script, directive), list(job.options), timeout_s=10)
+    assert directive.split(None, 1)[1] in str(refused.value)
+    # Refused before anything was made or run: no folder, no job in Slurm.
+    assert not (job_root / slurm_account / job_id).exists()
+    assert f"gpupool:{job_id}" not in account_jobs(slurm_account)
+
+
+def test_the_same_script_without_the_planted_line_is_submitted(strict_helper: str, job_root: Path, slurm_account: str) -> None:
+    """The control: what the renderer wrote goes through the same helper and reaches Slurm."""
+    client = helper_client(strict_helper, job_root)
+    job_id, job = job_for(slurm_account, job_root)
+    try:
+        result = client.submit(slurm_account, job_id, with_directive(job.script, "# no directive"), list(job.options), timeout_s=10)
+        slurm_job_id = int(result.stdout.strip().split(";")[0])
+        record = wait_for(lambda: sacct_row(slurm_job_id, "Account,Comment,User"), what="the job's accounting record")
+        assert record == {"Account": slurm_account, "Comment": f"gpupool:{job_id}", "User": TENANT_PREFIX + slurm_account}
+    finally:
+        cancel_account_jobs(slurm_account)
+
+
+def test_the_helper_refuses_a_path_that_climbs_out_of_the_job_folder(
+    strict_helper: str, job_root: Path, slurm_account: str
+) -> None:
+    client = helper_client(strict_helper, job_root)
+    job_id, job = job_for(slurm_account, job_root)
+    job_dir = job_root / slurm_account / job_id
+    options = [f"--chdir={job_dir}/.." if o.startswith("--chdir=") else o for o in job.options]
+    with pytest.raises(TenantError, match="a path with '..'"):
+        client.submit(slurm_account, job_id, job.script, options, timeout_s=10)
+    assert not job_dir.exists()
+
+
+def test_a_silent_connection_is_closed_after_the_timeout(strict_helper: str) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)  # a guard against a helper that never closes, not a measurement
+        conn.connect(strict_helper)
+        answer = b""
+        while chunk := conn.recv(4096):
+            answer += chunk
+    assert json.loads(answer) == {"outcome": "refused", "message": "no whole request within 1 s; closing the connection"}
+
+
+def test_connections_beyond_the_bound_are_refused_until_one_ends(job_root: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Its own helper: holders here must outlast the wait for a free slot, so a long request timeout.
+    extra = {"GPUPOOL_RUNAS_TIMEOUT_S": "60", "GPUPOOL_RUNAS_MAX_CONNECTIONS": "2"}
+    with runas_helper(job_root, tmp_path_factory.mktemp("bounded-runas"), extra) as socket_path:
+        client = helper_client(socket_path, job_root)
+        holders = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+        for holder in holders:
+            holder.connect(socket_path)
+        with pytest.raises(RunasUnavailable, match="busy: 2 requests in progress"):
+            client.ping()
+        for holder in holders:
+            holder.close()
+        wait_for(lambda: _pings(client), what="the helper to serve again once its callers left")
+
+
+def _pings(client: RunasClient) -> bool:
+    try:
+        client.ping()
+    except RunasUnavailable:
+        return False
+    return True
+
+
+def test_the_helper_holds_none_of_the_secrets_it_was_started_with(strict_helper: str) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(strict_helper)
+        # The kernel's word on who listens on the socket.
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    assert uid == 0
+    assert b"gpupool.runas" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    environ = dict(
+        entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if entry
+    )
+    assert environ["GPUPOOL_RUNAS_MAX_CONNECTIONS"] == "2"  # what it uses is there
+    assert "GPUPOOL_JWT_SECRET" not in environ and "GPUPOOL_DATABASE_URL" not in environ
+    assert not any(JWT_SECRET in value or "pw-of-the-api" in value for value in environ.values())

@@ -7,4 +7,5 @@ anything, and the conftests import the same helpers to build their fixtures.
   ``slurm_cmd``, ``wait_for``;
 - ``tests.support.tenancy``: the service user, a job root tenants can reach, the run-as helper;
 - ``tests.support.http``: a stdlib HTTP client, a free port, Slurm wrappers that count calls.
+- ``tests.support.sacct_dumps``: sacct output in the billing pass's shape, for tests that replay it.
 """

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from billing.sacct import SACCT_FIELDS, JobRun, detect_delimiter, parse_runs
+from billing.sacct import SACCT_FIELDS, DumpRefused, JobRun, RunReader, Tenancy, detect_delimiter, parse_runs
 from gpupool.slurm_parse import ParseError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
@@ -17,17 +17,41 @@ def utc(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
 
 
-def test_recorded_requeue_array_and_pipe_name() -> None:
-    """Recorded on the local cluster: a 2-GPU job named 'weird|name\\nline2', a requeued
-    job (first run REQUEUED, second cancelled before it started) and a 2-task array."""
-    parsed = parse_runs((FIXTURES / "requeue-array-pipe.psv").read_text())
+RECORDED_RUNS = [
+    JobRun("gpupool", 10, "10", "bx", "COMPLETED", utc("2026-11-29T19:19:44"), utc("2026-11-29T19:19:47"), 3, {"rtx4090": 2}, "weird|name\nline2"),
+    JobRun("gpupool", 11, "11", "bx", "REQUEUED", utc("2026-11-29T19:19:44"), utc("2026-11-29T19:20:10"), 26, {"rtx4090": 1}, "req"),
+    JobRun("gpupool", 13, "12_0", "bx", "COMPLETED", utc("2026-11-29T19:19:48"), utc("2026-11-29T19:19:50"), 2, {"rtx4090": 1}, "arr"),
+    JobRun("gpupool", 12, "12_1", "bx", "COMPLETED", utc("2026-11-29T19:19:48"), utc("2026-11-29T19:19:50"), 2, {"rtx4090": 1}, "arr"),
+]
+NONCE = "|5f2a9c7e01bd|"  # the shape of the billing pass's delimiter (unpredictable_delimiter)
+
+
+def redelimited(text: str, delimiter: str) -> str:
+    """``text`` as sacct prints it with ``--delimiter=<delimiter>``: each row's fields split
+    as the header has them (a name keeps its '|'), a name's next line left as it is."""
+    width = text.split("\n", 1)[0].count("|") + 1
+    lines = []
+    for line in text.split("\n"):
+        fields = line.split("|", width - 1)
+        lines.append(delimiter.join(fields) if len(fields) == width else line)
+    return "\n".join(lines)
+
+
+def test_recorded_requeue_array_and_a_name_with_a_newline_is_refused_under_a_pipe() -> None:
+    """Recorded on the local cluster with ``-P``: a 2-GPU job named 'weird|name\\nline2', a requeued
+    job (first run REQUEUED, second cancelled before it started) and a 2-task array. Under '|' the
+    name's second line cannot be told from a row, so the whole output is refused, naming the line."""
+    text = (FIXTURES / "requeue-array-pipe.psv").read_text()
+    with pytest.raises(DumpRefused, match=r"^line 3: 1 field\(s\) where there are 12 columns") as refused:
+        parse_runs(text)
+    assert refused.value.line == 3
+
+
+def test_the_same_output_under_the_passs_delimiter_bills_each_run() -> None:
+    text = redelimited((FIXTURES / "requeue-array-pipe.psv").read_text(), NONCE)
+    parsed = parse_runs(text, delimiter=NONCE)
     assert parsed.rows == 5
-    assert parsed.runs == [
-        JobRun("gpupool", 10, "10", "bx", "COMPLETED", utc("2026-11-29T19:19:44"), utc("2026-11-29T19:19:47"), 3, {"rtx4090": 2}, "weird|name\nline2"),
-        JobRun("gpupool", 11, "11", "bx", "REQUEUED", utc("2026-11-29T19:19:44"), utc("2026-11-29T19:20:10"), 26, {"rtx4090": 1}, "req"),
-        JobRun("gpupool", 13, "12_0", "bx", "COMPLETED", utc("2026-11-29T19:19:48"), utc("2026-11-29T19:19:50"), 2, {"rtx4090": 1}, "arr"),
-        JobRun("gpupool", 12, "12_1", "bx", "COMPLETED", utc("2026-11-29T19:19:48"), utc("2026-11-29T19:19:50"), 2, {"rtx4090": 1}, "arr"),
-    ]
+    assert parsed.runs == RECORDED_RUNS
 
 
 HEADER = "|".join(SACCT_FIELDS)
@@ -99,7 +123,7 @@ def test_detect_delimiter_refuses_a_line_without_field_names() -> None:
 
 
 def test_output_without_a_cluster_column_needs_one_named() -> None:
-    text = "JobIDRaw|Account|State|Start|ElapsedRaw|AllocTRES\n7|acme|COMPLETED|2026-11-01T00:00:00|10|gres/gpu=1\n"
+    text = "JobIDRaw|Account|User|State|Start|ElapsedRaw|AllocTRES\n7|acme|u|COMPLETED|2026-11-01T00:00:00|10|gres/gpu=1\n"
     with pytest.raises(ParseError, match="Cluster"):
         parse_runs(text)
     assert parse_runs(text, default_cluster="east").runs[0].cluster == "east"
@@ -110,7 +134,10 @@ def test_output_without_a_cluster_column_needs_one_named() -> None:
     [
         ("JobIDRaw|Account|State\n1|a|COMPLETED\n", "lacks column"),
         (f"{HEADER}\nc|1|1|a|u|COMPLETED|2026-11-01T00:00:00|2026-11-01T00:00:00|2026-11-01T00:01:00|1:00|gres/gpu=1|n\n", "ElapsedRaw"),
-        ("Cluster|JobIDRaw|JobName|Account|State|Start|ElapsedRaw|AllocTRES\n", "JobName must be the last"),
+        ("Cluster|JobIDRaw|JobName|Account|User|State|Start|ElapsedRaw|AllocTRES\n", "JobName must be the last column"),
+        (f"{HEADER}|Comment\n", "JobName and Comment must be the last column, and only one such"),
+        ("Cluster|JobIDRaw|Account|User|State|Start|ElapsedRaw|WorkDir|AllocTRES\n", "WorkDir must be the last column"),
+        ("JobIDRaw|Account|State|Start|ElapsedRaw|AllocTRES\n", r"lacks column\(s\) User"),
         ("", "no header"),
         # The one timestamp rule (slurm_parse.parse_time) holds in the billing hot path too.
         (f"{HEADER}\nc|1|1|a|u|COMPLETED|2026-11-01T00:00:00|2026-11-01 00:00:00|2026-11-01T00:01:00|60|gres/gpu=1|n\n", "not a Slurm timestamp"),
@@ -119,3 +146,95 @@ def test_output_without_a_cluster_column_needs_one_named() -> None:
 def test_malformed_output_is_refused(text: str, message: str) -> None:
     with pytest.raises(ParseError, match=message):
         parse_runs(text)
+
+
+# --- rows a tenant's text could have made ------------------------------------------------
+
+ALICE, BOB = "alice", "bob"  # gpupool tenant accounts, run as gp-alice and gp-bob
+TENANTS = Tenancy("gp-", {ALICE: "gp-alice", BOB: "gp-bob"})
+
+
+def fields(job: int, account: str, user: str, name: str, *, elapsed: int = 10, gpus: int = 1) -> list[str]:
+    return [
+        "c", str(job), str(job), account, user, "COMPLETED", "2026-11-01T00:00:00", "2026-11-01T00:00:01",
+        "2026-11-01T10:00:01", str(elapsed), f"gres/gpu={gpus}", name,
+    ]
+
+
+def output(*rows: list[str], delimiter: str = NONCE) -> str:
+    return "\n".join(delimiter.join(row) for row in (list(SACCT_FIELDS), *rows)) + "\n"
+
+
+# What a tenant writes after a newline in its job name: a whole row, 40 GPU-hours on bob.
+FORGED = "|".join(fields(99, BOB, "gp-bob", "forged", elapsed=36_000, gpus=4))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["a'; echo foo", "a\n0", "x\n" + FORGED, "x\n" + FORGED + "\ny", "x\u2028" + FORGED, "x\r" + FORGED, "tag|with|pipes"],
+    ids=["quote", "newline-0", "forged-row", "forged-row-then-more", "u2028", "cr", "pipes"],
+)
+def test_under_the_passs_delimiter_a_name_is_a_name(name: str) -> None:
+    parsed = parse_runs(output(fields(57, ALICE, "gp-alice", name), fields(58, BOB, "gp-bob", "b")), delimiter=NONCE, tenancy=TENANTS)
+    assert [(run.job_id_raw, run.account, run.name) for run in parsed.runs] == [(57, ALICE, name), (58, BOB, "b")]
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "reason"),
+    [
+        # The name's next line is not a whole row: the file is refused, not read as more of the name.
+        ("a\n0", 3, "1 field(s) where there are 12 columns"),
+        # A whole row billing a tenant: it may be anyone's name.
+        ("x\n" + FORGED, 3, "the columns are separated by '|'"),
+        ("x\n" + FORGED + "\ny", 3, "the columns are separated by '|'"),
+        # The same row billing no tenant still has a line after it that is no row.
+        ("x\n" + FORGED.replace("|bob|gp-bob|", "|other|x|") + "\ny", 4, "1 field(s) where there are 12 columns"),
+    ],
+    ids=["newline-0", "forged-row", "forged-row-then-more", "forged-other-then-more"],
+)
+def test_under_a_pipe_a_newline_in_a_name_refuses_the_file(name: str, line: int, reason: str) -> None:
+    text = output(fields(57, "other", "mallory", name), delimiter="|")
+    with pytest.raises(DumpRefused) as refused:
+        parse_runs(text, tenancy=TENANTS)
+    assert refused.value.line == line and refused.value.reason.startswith(reason), refused.value
+
+
+def test_under_a_pipe_rows_of_non_tenants_still_bill() -> None:
+    """Other sites' accounts (Open XDMoD's exports): no gpupool tenant's money is at stake."""
+    text = output(fields(57, "chaff", "noror", "b24c|name"), fields(58, "other", "x", "n"), delimiter="|")
+    assert [(run.account, run.name) for run in parse_runs(text, tenancy=TENANTS).runs] == [("chaff", "b24c|name"), ("other", "n")]
+
+
+def test_under_a_pipe_a_tenants_row_is_refused_even_when_it_is_real() -> None:
+    text = output(fields(57, ALICE, "gp-alice", "train"), delimiter="|")
+    with pytest.raises(DumpRefused, match="^line 2: the columns are separated by '[|]'.*'alice', a gpupool tenant's"):
+        parse_runs(text, tenancy=TENANTS)
+
+
+@pytest.mark.parametrize(
+    ("account", "user", "reason"),
+    [
+        (BOB, "gp-alice", "account 'bob' runs jobs as 'gp-bob' alone, and this row names user 'gp-alice'"),
+        (BOB, "root", "account 'bob' runs jobs as 'gp-bob' alone, and this row names user 'root'"),
+        ("other", "gp-alice", "user 'gp-alice' is the tenant user of account 'alice', and this row bills account 'other'"),
+        # A tenant user of an account this database does not know is still that account's alone.
+        ("other", "gp-carol", "user 'gp-carol' is the tenant user of account 'carol', and this row bills account 'other'"),
+    ],
+)
+def test_a_row_whose_user_and_account_do_not_go_together(account: str, user: str, reason: str) -> None:
+    text = output(fields(57, ALICE, "gp-alice", "mine"), fields(58, account, user, "theirs"), fields(59, BOB, "gp-bob", "b"))
+    # A replay refuses the file, naming the line...
+    with pytest.raises(DumpRefused) as refused:
+        parse_runs(text, delimiter=NONCE, tenancy=TENANTS)
+    assert (refused.value.line, refused.value.reason) == (3, reason)
+    # ...a pass leaves that row out, says why, and bills the others.
+    reader = RunReader(text, NONCE, tenancy=TENANTS, refuse_mismatches=False)
+    assert [run.job_id_raw for run in reader.runs()] == [57, 59]
+    assert reader.refused == [f"line 3: job '58': {reason}"]
+
+
+def test_a_bad_value_is_refused_with_its_line() -> None:
+    bad = fields(58, ALICE, "gp-alice", "x")
+    bad[7] = "2026-11-01 00:00:01"
+    with pytest.raises(DumpRefused, match="^line 3: not a Slurm timestamp"):
+        parse_runs(output(fields(57, ALICE, "gp-alice", "ok"), bad), delimiter=NONCE, tenancy=TENANTS)

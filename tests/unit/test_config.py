@@ -205,3 +205,19 @@ def test_settings_are_frozen() -> None:
 def test_replace_validates() -> None:
     with pytest.raises(ConfigError):
         Settings(service_user="x").replace(container_runtime="lxc")
+
+
+def test_systemd_credentials_override_the_environment(tmp_path: Path) -> None:
+    # What LoadCredential= gives a unit: one file per secret, named after the setting.
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "database_url").write_text("postgresql://gpupool_api:secret@127.0.0.1/gpupool\n")
+    (credentials / "ratelimit_storage_uri").write_text("redis://:pw@127.0.0.1:6379/0")
+    settings = load_settings(
+        {"CREDENTIALS_DIRECTORY": str(credentials), "GPUPOOL_DATABASE_URL": "sqlite:///x.db", "GPUPOOL_JWT_SECRET": "j" * 32}
+    )
+    assert settings.database_url == "postgresql://gpupool_api:secret@127.0.0.1/gpupool"
+    assert settings.ratelimit_storage_uri == "redis://:pw@127.0.0.1:6379/0"
+    # A credential the unit was not given is not there: the environment's value stands.
+    assert settings.jwt_secret == "j" * 32
+    assert settings.billing_database_url == ""

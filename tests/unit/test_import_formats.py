@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from billing.sacct import XDMOD_FIELDS, parse_runs
+from billing.sacct import XDMOD_FIELDS, DumpRefused, Tenancy, parse_runs
 from gpupool.slurm_parse import ParseError, expand_hostlist, parse_elapsed
 
 # Open XDMoD's shredder format (26 fields, no header), two lines in its shape.
@@ -59,7 +59,7 @@ def test_xdmod_export_without_a_header() -> None:
 
 
 def test_elapsed_stands_in_for_elapsedraw_and_field_names_take_any_case() -> None:
-    text = "cluster|jobidraw|account|state|start|end|elapsed|alloctres\nc|7|Acme|COMPLETED|2026-11-01T00:00:00|2026-11-02T01:00:00|1-01:00:00|gres/gpu:rtx4090=1,gres/gpu=1\n"
+    text = "cluster|jobidraw|account|user|state|start|end|elapsed|alloctres\nc|7|Acme|u|COMPLETED|2026-11-01T00:00:00|2026-11-02T01:00:00|1-01:00:00|gres/gpu:rtx4090=1,gres/gpu=1\n"
     (run,) = parse_runs(text).runs
     assert (run.account, run.elapsed_s, run.gpus) == ("acme", 90000, {"rtx4090": 1})
     with pytest.raises(ParseError, match="job 7: not a Slurm elapsed time"):
@@ -67,7 +67,31 @@ def test_elapsed_stands_in_for_elapsedraw_and_field_names_take_any_case() -> Non
 
 
 def test_a_header_less_dump_must_name_what_billing_needs() -> None:
-    with pytest.raises(ParseError, match=r"lacks column\(s\) Account, ElapsedRaw \(or Elapsed\)"):
+    with pytest.raises(ParseError, match=r"lacks column\(s\) Account, User, ElapsedRaw \(or Elapsed\)"):
         parse_runs("7|COMPLETED\n", fields=("JobIDRaw", "State", "Start", "AllocTRES"), default_cluster="c")
     with pytest.raises(ParseError, match="JobName must be the last"):
-        parse_runs("", fields=("JobIDRaw", "JobName", "Account", "State", "Start", "Elapsed", "AllocTRES"), default_cluster="c")
+        parse_runs("", fields=("JobIDRaw", "JobName", "Account", "User", "State", "Start", "Elapsed", "AllocTRES"), default_cluster="c")
+
+
+def test_an_xdmod_export_with_a_newline_in_a_name_is_refused_with_the_line() -> None:
+    """A name that goes on to a line of its own: under '|' that line may be anything, so nothing is billed."""
+    lines = XDMOD_LINES.split("\n")
+    text = "\n".join([lines[0] + "\nsecond line of the name", *lines[1:]])
+    with pytest.raises(DumpRefused, match=r"^line 2: 1 field\(s\) where there are 26 columns"):
+        parse_runs(text, fields=XDMOD_FIELDS)
+
+
+def test_an_xdmod_export_with_a_forged_row_for_a_tenant_is_refused() -> None:
+    """A job name 'b24c\\n<a whole XDMoD line>' billing a gpupool tenant 40 GPU-hours: refused at that line."""
+    forged = (
+        "999999|999999|phillips|focaccia|chestnut|victim|victim|45789|gp-victim|380693|2017-01-01T21:44:50|2017-01-01T21:44:50"
+        "|2017-01-01T21:44:50|2017-01-02T07:44:50|10:00:00|0:0|COMPLETED|1|12|12|31000Mn|cpu=12,node=1"
+        "|billing=12,cpu=12,gres/gpu=4,mem=31000M,node=1|37-14:00:00|cpn-f11-31|forged"
+    )
+    lines = XDMOD_LINES.split("\n")
+    text = "\n".join([lines[0] + "\n" + forged, *lines[1:]])
+    tenants = Tenancy("gp-", {"victim": "gp-victim"})
+    with pytest.raises(DumpRefused, match="^line 2: the columns are separated by '[|]'.*'victim', a gpupool tenant's"):
+        parse_runs(text, fields=XDMOD_FIELDS, tenancy=tenants)
+    # Without the forged line the export bills as before: the refusal is that line's.
+    assert len(parse_runs(XDMOD_LINES, fields=XDMOD_FIELDS, tenancy=tenants).runs) == 2

@@ -242,17 +242,33 @@ def test_recorded_claims_match_the_signed_ones(settings: Settings) -> None:
 
 # --- standing: what the database says about a verified token ----------------------------
 
-CALLER = Principal("alice", "acme", "customer", "abc")
+CALLER = Principal("alice", "acme", "customer", "abc", expires_at=2_000_000_000)
+
+
+def recorded(**changes: Any) -> TokenStanding:
+    """The record of CALLER's token as issue_token wrote it, with ``changes``."""
+    fields: dict[str, Any] = {
+        "account": "acme", "subject": "alice", "role": "customer", "expires_at": 2_000_000_000,
+        "revoked": False, "account_disabled": False,
+    }
+    return TokenStanding(**{**fields, **changes})
+
+
+UNKNOWN = ("token_unknown", "the token was not issued by this service; ask the operator for a new one")
 
 
 @pytest.mark.parametrize(
     ("standing", "code", "message"),
     [
-        (None, "token_unknown", "the token was not issued by this service; ask the operator for a new one"),
-        (TokenStanding("other", False, False), "token_unknown", "the token was not issued by this service; ask the operator for a new one"),
-        (TokenStanding("acme", True, False), "token_revoked", "the token has been revoked"),
-        (TokenStanding("acme", True, True), "token_revoked", "the token has been revoked"),
-        (TokenStanding("acme", False, True), "account_disabled", "the account acme is disabled"),
+        (None, *UNKNOWN),
+        (recorded(account="other"), *UNKNOWN),
+        # Signed with the right key and carrying a recorded jti, but claiming more than was issued.
+        (recorded(role="admin"), *UNKNOWN),
+        (recorded(subject="mallory"), *UNKNOWN),
+        (recorded(expires_at=1_999_999_999), *UNKNOWN),
+        (recorded(revoked=True), "token_revoked", "the token has been revoked"),
+        (recorded(revoked=True, account_disabled=True), "token_revoked", "the token has been revoked"),
+        (recorded(account_disabled=True), "account_disabled", "the account acme is disabled"),
     ],
 )
 def test_bad_standing_is_refused(standing: TokenStanding | None, code: str, message: str) -> None:
@@ -261,8 +277,15 @@ def test_bad_standing_is_refused(standing: TokenStanding | None, code: str, mess
     assert (info.value.code, info.value.message) == (code, message)
 
 
+def test_a_token_that_claims_admin_over_a_customer_record_is_refused() -> None:
+    with pytest.raises(Unauthorized):
+        require_good_standing(Principal("alice", "acme", "admin", "abc", expires_at=2_000_000_000), recorded())
+
+
 def test_good_standing_passes() -> None:
-    require_good_standing(CALLER, TokenStanding("acme", revoked=False, account_disabled=False))
+    require_good_standing(CALLER, recorded())
+    # A token that ends sooner than its record claims nothing it was not given.
+    require_good_standing(Principal("alice", "acme", "customer", "abc", expires_at=1_000), recorded())
 
 
 def test_garbage_token(settings: Settings) -> None:

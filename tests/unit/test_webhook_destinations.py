@@ -28,6 +28,38 @@ def test_internal_or_malformed_destinations_are_refused(url: str) -> None:
         check_destination(url, ())
 
 
+@pytest.mark.parametrize(
+    "address",
+    [
+        # NAT64, well-known prefix: a gateway would forward to the embedded IPv4 address.
+        "64:ff9b::7f00:1", "64:ff9b::a00:1", "64:ff9b::a9fe:a9fe", "64:ff9b::5db8:d822",
+        # NAT64, local-use prefix.
+        "64:ff9b:1::a00:1", "64:ff9b:1:ffff::5db8:d822",
+        # IPv4-compatible (::a.b.c.d), private and public alike.
+        "::127.0.0.1", "::10.0.0.1", "::169.254.169.254", "::93.184.216.34",
+        # IPv4-mapped and IPv4-translated, private and public alike.
+        "::ffff:10.0.0.1", "::ffff:169.254.169.254", "::ffff:93.184.216.34", "::ffff:0:10.0.0.1", "::ffff:0:93.184.216.34",
+    ],
+)
+def test_ipv6_forms_embedding_an_ipv4_address_are_refused_whatever_it_is(address: str) -> None:
+    with pytest.raises(WebhookUrlRefused) as refused:
+        check_destination(f"http://[{address}]/hook", ())
+    assert refused.value.details["errors"] == [{"field": "url", "message": "address not allowed"}]
+    # Allowlisting the IPv4 network the address embeds does not open its IPv6 forms either.
+    with pytest.raises(WebhookUrlRefused):
+        check_destination(f"http://[{address}]/hook", allowed_networks(["0.0.0.0/0"]))
+
+
+def test_an_explicitly_allowlisted_nat64_network_is_reached() -> None:
+    # An operator whose intranet receiver only has a NAT64 address may name that network.
+    destination = check_destination("http://[64:ff9b::a00:1]:8080/hook", allowed_networks(["64:ff9b::a00:0/120"]))
+    assert destination.pinned_url() == "http://[64:ff9b::a00:1]:8080/hook"
+
+
+def test_a_public_ipv6_address_still_passes() -> None:
+    assert check_destination("https://[2606:2800:220:1:248:1893:25c8:1946]/hook", ()).host_header() == "[2606:2800:220:1:248:1893:25c8:1946]"
+
+
 def test_public_and_allowlisted_addresses_pass_and_are_pinned() -> None:
     public = check_destination("https://93.184.216.34/events?x=1", ())
     assert public.pinned_url() == "https://93.184.216.34:443/events?x=1"
