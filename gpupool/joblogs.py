@@ -18,7 +18,8 @@ from typing import BinaryIO
 from gpupool.errors import LogUnavailable
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_PATH: the service may pass through a job's folder (0710) but not read it.
+_FOLDER_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Tail reads go backwards this much at a time, so a short tail of a big log reads little.
 _TAIL_CHUNK = 64 * 1024
 

@@ -14,7 +14,7 @@ anywhere. The helper itself holds only the settings it uses: it starts
 itself again with an environment of those alone, so no JWT secret or database
 password is ever in it.
 
-    submit   write the job's script into its new folder, run sbatch as the tenant on those bytes
+    submit   write the job's script and its empty logs into its new folder, run sbatch as the tenant on the script's bytes
     cancel   scancel the given jobs (or all of the account's) as the tenant
     discard  remove a job folder whose sbatch Slurm refused
     budget   set the account's Slurm budget (GrpTRESMins=gres/gpu), the billing pass's one write
@@ -65,6 +65,9 @@ from gpupool.tenants import Tenant, ensure_tenant_folder, lookup_tenant, service
 log = logging.getLogger("gpupool.runas")
 
 SCRIPT_NAME = "job.sbatch"
+# The job's umask, which sbatch hands slurmstepd as SLURM_UMASK: what a job writes
+# is its tenant's alone unless its own code says otherwise (gpupool.tenants).
+JOB_UMASK = "0077"
 MAX_REQUEST_BYTES = 1024 * 1024
 _JOB_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 # gpupool.models.accounts.ACCOUNT_NAME, which is not imported: it brings SQLAlchemy into the helper.
@@ -330,7 +333,10 @@ class DirectTenantActions:
 
     def _env(self, tenant: Tenant, job_dir: Path) -> dict[str, str]:
         # Exported to the job by sbatch: nothing of root's or the service's environment.
-        return minimal_env({"PATH": self.settings.job_path, "HOME": str(job_dir), "USER": tenant.user, "LOGNAME": tenant.user})
+        return minimal_env(
+            {"PATH": self.settings.job_path, "HOME": str(job_dir), "USER": tenant.user, "LOGNAME": tenant.user,
+             "SLURM_UMASK": JOB_UMASK}
+        )
 
     def submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
         job_dir = job_folder(self.settings, account, job_id)
@@ -338,7 +344,7 @@ class DirectTenantActions:
         argv_options = check_submit_options(self.settings, list(options), account, job_id)
         data = check_script(script, argv_options)
         ensure_tenant_folder(self.settings, tenant, job_id)
-        self._write_script(job_dir, data, tenant)
+        self._write_service_files(job_dir, data, tenant)
         # On standard input, not by path: the folder is the tenant's, and a tenant's
         # process could swap the file between this check and sbatch's read.
         argv = [self.settings.slurm_bin("sbatch"), "--parsable", *argv_options]
@@ -347,16 +353,25 @@ class DirectTenantActions:
             cwd=str(job_dir),
         )
 
-    def _write_script(self, job_dir: Path, data: bytes, tenant: Tenant) -> None:
-        """The job's record of what was submitted, for its owner and the service to read."""
+    def _write_service_files(self, job_dir: Path, script: bytes, tenant: Tenant) -> None:
+        """The job's script, the record of what was submitted, and its two logs, empty.
+
+        The only files in the folder the service may read (group service, 0640):
+        slurmstepd opens an existing output file as the tenant and truncates it,
+        keeping its owner, group and mode, so the logs stay readable to the API
+        while everything else the job writes does not.
+        """
+        group = service_gid(self.settings)
+        files = {SCRIPT_NAME: script}
+        files |= {os.path.basename(log_path(str(job_dir), stream)): b"" for stream in ("stdout", "stderr")}
         dir_fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            fd = os.open(
-                SCRIPT_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dir_fd
-            )
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                os.fchown(handle.fileno(), tenant.uid, service_gid(self.settings))
+            for name, data in files.items():
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dir_fd)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    os.fchown(handle.fileno(), tenant.uid, group)
+                    os.fchmod(handle.fileno(), 0o640)  # whatever the helper's umask
         finally:
             os.close(dir_fd)
 

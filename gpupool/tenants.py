@@ -8,12 +8,19 @@ that merely happens to be called ``gp-something``.
 
 Folders, from the top:
 
-    job_root/                  root:root            0711  tenants pass through, list nothing
-    job_root/<account>/        tenant:service group 2750  the tenant's; the service reads
-    job_root/<account>/<job>/  tenant:service group 2750  the job's script and logs
+    job_root/                     root:root            0711  tenants pass through, list nothing
+    job_root/<account>/           tenant:service group 0710  the service passes through, lists nothing
+    job_root/<account>/<job>/     tenant:service group 0710  the same
+    .../<job>/job.sbatch          tenant:service group 0640  made by the run-as helper
+    .../<job>/{stdout,stderr}.log tenant:service group 0640  made by the run-as helper, written by slurmstepd
 
-The set-group-id bit makes every file a job creates belong to the service
-group, so the API can read a job's logs while no other tenant can.
+So the service reaches exactly the three files the helper makes for it, by
+name; no other tenant gets past the account's folder. Everything else a job
+writes has the tenant's own group and, under the job's umask (``JOB_UMASK``,
+which the helper hands sbatch), no bits for anyone else: the service can
+neither list it nor read it. A folder an earlier release made set-group-id
+2750 is set to 0710 when the helper next makes a job in it: the account's at
+the next submit; a job's own, made once, stays as it was.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from gpupool.proc import RunAs, run_command
 # useradd refuses longer names on Debian and Ubuntu.
 MAX_USER_NAME = 32
 JOB_ROOT_MODE = 0o711
-TENANT_FOLDER_MODE = 0o2750
+# No set-group-id: files a job writes keep the tenant's own group, not the service's.
+TENANT_FOLDER_MODE = 0o710
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ def test_account_create_makes_the_tenant_user_slurm_association_and_gpu_limit(
     assert 200_000 <= user.pw_uid <= 299_999 and user.pw_shell == "/usr/sbin/nologin"
     assert tenant in grp.getgrnam("gpupool-tenants").gr_mem
     folder = (job_root / new_account).stat()
-    assert (folder.st_uid, grp.getgrgid(folder.st_gid).gr_name, stat.S_IMODE(folder.st_mode)) == (user.pw_uid, SERVICE_USER, 0o2750)
+    assert (folder.st_uid, grp.getgrgid(folder.st_gid).gr_name, stat.S_IMODE(folder.st_mode)) == (user.pw_uid, SERVICE_USER, 0o710)
 
     # The tenant alone has an association: not root, not the service.
     rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres").split()
