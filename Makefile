@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 include deploy/cluster.mk
 
-.PHONY: venv venv-test preflight services run test test-calendar test-freshhost test-multinode test-unit lint bench clean
+.PHONY: venv venv-test preflight services run test test-calendar test-freshhost test-multinode test-realhosts test-unit lint bench clean
 
 # What running gpupool needs (gpupool, ansible-core); venv-test adds the test
 # tools (dev extras, the client, chromium and its driver).
@@ -63,6 +63,17 @@ test-freshhost: venv-test
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap zstd
 	$(SUDO) deploy/freshhost/host.sh clean
 	$(SUDO) $(VENV)/bin/pytest -m freshhost tests/freshhost -s $(PYTEST_ARGS)
+
+# The production site.yml on three fresh Debian 12 servers (deploy/realhosts:
+# systemd containers on a private link, their image cached under
+# /var/cache/gpupool-realhosts), from this machine over SSH; servers, link and
+# NAT go afterwards whatever the result, and first whatever an interrupted run left.
+test-realhosts: venv-test
+	command -v debootstrap >/dev/null && command -v nft >/dev/null || \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap nftables curl
+	$(SUDO) deploy/realhosts/hosts.sh clean
+	status=0; $(SUDO) $(VENV)/bin/pytest -m realhosts tests/realhosts -s $(PYTEST_ARGS) || status=$$?; \
+		$(SUDO) deploy/realhosts/hosts.sh clean; exit $$status
 
 # Pure tests only: no cluster, no database.
 test-unit: venv-test

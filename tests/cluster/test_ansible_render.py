@@ -11,12 +11,14 @@ files are owned by root), not the cluster.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import pwd
 import re
 import shlex
 import shutil
+import socket
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -457,9 +459,9 @@ def test_firewall_closes_the_service_ports_to_tenant_uids_on_every_host(rendered
         assert rejects and all(line.startswith("meta skuid 200000-299999 ") for line in rejects), host
         # The whole cluster: a job on gpu01 cannot reach ctl1's PostgreSQL or gpu02's exporters either.
         assert "elements = { 127.0.0.0/8, 10.0.0.10, 10.0.0.21, 10.0.0.22 }" in text, host
-        # Slurm stays open to jobs (sbatch, srun, sacct), and from the cluster's hosts only.
-        assert "6817" not in closed.group(1) and re.search(r"set admit_tcp \{[^}]*6817, 6818, 6819", text), host
-        assert 'ip saddr != @cluster_ipv4 tcp dport @admit_tcp drop' in text, host
+        # Slurm stays open to jobs (sbatch, srun, sacct); who else may connect is the port list's
+        # (test_firewall_admits_each_service_port_only_from_the_hosts_that_need_it).
+        assert "6817" not in closed.group(1), host
         # Only gpupool's own table is replaced: Docker's and the site's stay.
         assert "flush ruleset" not in text and "delete table inet gpupool" in text, host
         if shutil.which("nft"):
@@ -619,8 +621,9 @@ def test_tenants_step_gives_each_compute_node_every_accounts_user(repo_root: Pat
     plan_tenants(repo_root, tmp_path, TENANT_ACCOUNTS)
     created = {host: json.loads((tmp_path / f"{host}-tenants.json").read_text()) for host in ("ctl1", "gpu01", "gpu02")}
     assert created["gpu01"] == created["gpu02"] == TENANT_ACCOUNTS[:2]
-    # ctl1 runs the API, where `gpupool account create` made them.
-    assert created["ctl1"] == []
+    # ctl1, the controller, needs them too (on a real API host `gpupool account
+    # create` made them already; this machine has none).
+    assert created["ctl1"] == TENANT_ACCOUNTS[:2]
     for account in TENANT_ACCOUNTS[:2]:
         with pytest.raises(KeyError):
             pwd.getpwnam(str(account["unix_user"]))  # check mode: nothing was made here
@@ -967,3 +970,342 @@ def test_the_api_virtualenv_installs_pinned_dependencies(repo_root: Path) -> Non
     assert lock and all(re.fullmatch(r"[A-Za-z0-9_.-]+==[^\s=]+", line) for line in lock), lock
     pinned = {line.split("==")[0].lower().replace("_", "-") for line in lock}
     assert {"flask", "gunicorn", "sqlalchemy", "psycopg2-binary", "alembic"} <= pinned
+
+
+# --- issue 16: the port list, exporters' addresses, tenants everywhere, preflight ------
+
+def admission(rules: str) -> tuple[dict[str, set[str]], list[str]]:
+    """From a rendered gpupool.nft: {ports: sources admitted} and the ports dropped for everyone else, in order."""
+    chain = rules[rules.index("chain admit_input"):]
+    admitted: dict[str, set[str]] = {}
+    for ports, sources in re.findall(r"th dport \{ ([^}]*) \} ip6? saddr \{ ([^}]*) \} accept", chain):
+        admitted.setdefault(ports, set()).update(source.strip() for source in sources.split(","))
+    dropped = re.findall(r"th dport \{ ([^}]*) \} drop", chain)
+    return admitted, dropped
+
+
+def test_firewall_admits_each_service_port_only_from_the_hosts_that_need_it(rendered: Rendered) -> None:
+    every_host = {"10.0.0.10", "10.0.0.21", "10.0.0.22"}
+    expected = {
+        # ctl1: controller, API host, NFS server and Prometheus.
+        "ctl1": {
+            "6817": every_host,                      # slurmctld: sbatch, srun, every slurmd
+            "6819": {"10.0.0.10"},                   # slurmdbd: slurmctld, sacct on the API host (both ctl1)
+            "60001-63000": every_host,               # SrunPortRange
+            "2049": {"10.0.0.21", "10.0.0.22"},      # NFS: the other clients
+            "8000": {"10.0.0.10"},                   # gunicorn: Prometheus
+            "9090": {"10.0.0.10"},
+            "9100": {"10.0.0.10"},
+        },
+        "gpu01": {"6818": every_host, "60001-63000": every_host, "9100": {"10.0.0.10"}, "9400": {"10.0.0.10"}},
+    }
+    # Listed, and admitted from nobody but the host itself (loopback).
+    local_only = {"ctl1": {"3306", "5432", "6379", "6820", "111, 20048"}, "gpu01": {"6820"}}
+    for host in ("ctl1", "gpu01"):
+        rules = rendered.text(host, "etc/gpupool-firewall.nft")
+        admitted, dropped = admission(rules)
+        assert admitted == expected[host], host
+        assert set(dropped) == set(expected[host]) | local_only[host], host
+        # Loopback and replies to the host's own connections first; every drop after every accept.
+        chain = rules[rules.index("chain admit_input"):]
+        assert chain.index('iif "lo" accept') < chain.index("ct state established,related accept") < chain.index(" accept\n        meta")
+        assert chain.rindex(" accept\n") < chain.index(" drop\n"), host
+        # A GPU node serves no database, NFS or Slurm controller port at all.
+        if host == "gpu01":
+            assert not {"5432", "6379", "2049", "6817", "6819"} & set(dropped)
+        if shutil.which("nft"):
+            subprocess.run(["nft", "-c", "-f", str(rendered.path(host, "etc/gpupool-firewall.nft"))], check=True, timeout=30, capture_output=True)
+
+
+def test_nfs_server_offers_nfsv4_only_with_mountd_on_a_fixed_port(rendered: Rendered) -> None:
+    conf = config_lines(rendered.text("ctl1", "etc/nfs.conf.d/gpupool.conf"))
+    assert conf == ["[nfsd]", "vers2=n", "vers3=n", "[mountd]", "port=20048"]
+    fstab = rendered.text("gpu01", "etc/fstab")
+    assert " nfs nfsvers=4.2," in fstab
+
+
+def example_copy(repo_root: Path, folder: Path) -> Path:
+    """inventories/example, copied for a test to change."""
+    inventory = folder / "inventory"
+    shutil.copytree(repo_root / "deploy" / "ansible" / "inventories" / "example", inventory)
+    return inventory
+
+
+def test_prometheus_scrapes_the_address_the_exporters_listen_on(repo_root: Path, tmp_path: Path) -> None:
+    inventory = example_copy(repo_root, tmp_path)
+    with (inventory / "host_vars" / "gpu01.yml").open("a") as host_vars:
+        host_vars.write("# Its ansible_host is public; metrics stay on the private network.\nmonitoring_listen_address: 192.168.50.21\n")
+    out = tmp_path / "out"
+    ansible_dir = repo_root / "deploy" / "ansible"
+    run_playbook(ansible_dir, str(inventory), "tests/render.yml", *render_arguments(ansible_dir, out))
+    exporter = unit_settings((out / "gpu01" / "etc/systemd/system/gpu-exporter.service").read_text())["Service"]["ExecStart"]
+    assert exporter[0].endswith("--web.listen-address=192.168.50.21:9400")
+    config = yaml.safe_load((out / "ctl1" / "etc/prometheus/prometheus.yml").read_text())
+    targets = {job["job_name"]: [t for group in job["static_configs"] for t in group["targets"]] for job in config["scrape_configs"]}
+    assert targets["gpu"] == ["192.168.50.21:9400", "10.0.0.22:9400"]
+    assert set(targets["node"]) == {"10.0.0.10:9100", "192.168.50.21:9100", "10.0.0.22:9100"}
+
+
+def test_tenants_step_gives_a_separate_controller_and_api_host_every_accounts_user(repo_root: Path, tmp_path: Path) -> None:
+    # slurmctld resolves an association's user to a uid on its own host: a
+    # controller without the users would reject every job of theirs.
+    inventory = example_copy(repo_root, tmp_path)
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    hosts["all"]["children"]["api"]["hosts"] = {"api1": {"ansible_host": "10.0.0.11"}}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    out = tmp_path / "out"
+    ansible_dir = repo_root / "deploy" / "ansible"
+    cli = fake_gpupool(tmp_path, TENANT_ACCOUNTS)
+    run_playbook(ansible_dir, str(inventory), "tests/render.yml",
+                 *render_arguments(ansible_dir, out, "--tags", "tenants", "-e", f"tenants_cli={cli}", "-e", "tenants_from_api=true"))
+    for host in ("ctl1", "api1", "gpu01", "gpu02"):
+        assert json.loads((out / f"{host}-tenants.json").read_text()) == TENANT_ACCOUNTS[:2], host
+
+
+PREFLIGHT_PLAY = """
+- name: Preflight alone
+  hosts: controller:compute:api
+  tasks:
+    - name: Check everything that can be checked before a change
+      ansible.builtin.import_role:
+        name: preflight
+    - name: Change something
+      ansible.builtin.copy:
+        content: changed
+        dest: "{{ marker_dir }}/{{ inventory_hostname }}"
+        mode: "0644"
+"""
+
+
+def preflight_run(repo_root: Path, folder: Path, hosts: dict[str, object], *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The preflight role on this machine for an inventory of local hosts, then a task that would change something."""
+    ansible_dir = repo_root / "deploy" / "ansible"
+    inventory = folder / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                 "gpu_mode": "emulated", "shared_storage_enabled": False, "monitoring_enabled": False},
+        "children": hosts}}))
+    playbook = folder / "preflight.yml"
+    playbook.write_text(PREFLIGHT_PLAY)
+    markers = folder / "changed"
+    markers.mkdir()
+    completed = subprocess.run(
+        [str(venv_tool("ansible-playbook")), "-i", str(inventory), str(playbook), "-e", f"marker_dir={markers}", *extra],
+        cwd=ansible_dir, env=ansible_env(ansible_dir), capture_output=True, text=True, timeout=300, check=False,
+    )
+    return completed, markers
+
+
+def test_preflight_refuses_two_hosts_of_one_name_and_changes_nothing(repo_root: Path, tmp_path: Path) -> None:
+    # Two inventory entries for this one machine: the facts give both its host name.
+    hosts = {"controller": {"hosts": {"ctl1": {"ansible_host": "10.0.0.10"}}},
+             "api": {"hosts": {"ctl1": None}},
+             "compute": {"hosts": {"gpu01": {"ansible_host": "10.0.0.21"}}}}
+    completed, markers = preflight_run(repo_root, tmp_path, hosts, "-e", "container_runtime_enabled=false")
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0, output
+    name = socket.gethostname().lower()
+    assert f"host name {name} of ctl1 and gpu01" in output, output
+    # Found once, on the first host; the play stops on every host: nothing is changed anywhere.
+    assert list(markers.iterdir()) == [], output
+
+
+def test_preflight_refuses_two_hosts_of_one_address(repo_root: Path, tmp_path: Path) -> None:
+    hosts = {"controller": {"hosts": {"ctl1": {"ansible_host": "10.0.0.10", "slurm_node_name": "c1"}}},
+             "api": {"hosts": {"ctl1": None}},
+             "compute": {"hosts": {"gpu01": {"ansible_host": "10.0.0.10", "slurm_node_name": "g1"}}}}
+    completed, _ = preflight_run(repo_root, tmp_path, hosts, "-e", "container_runtime_enabled=false")
+    assert completed.returncode != 0
+    assert "address 10.0.0.10 of ctl1 and gpu01" in completed.stdout
+
+
+def test_preflight_stops_every_host_on_a_bad_checksum_before_any_change(repo_root: Path, tmp_path: Path) -> None:
+    # One host (this machine), as controller, API host and compute node: the
+    # unique-names check passes, the download's checksum does not.
+    tarball = tmp_path / "pyxis.tar.gz"
+    tarball.write_bytes(b"not the release\n")
+    downloads = tmp_path / "downloads"
+    hosts = {group: {"hosts": {"localhost": None}} for group in ("controller", "api", "compute")}
+    common = ["-e", "container_runtime_enroot=false", "-e", f"container_runtime_pyxis_url=file://{tarball}",
+              "-e", f"container_runtime_download_dir={downloads}"]
+    (tmp_path / "bad").mkdir()
+    completed, markers = preflight_run(repo_root, tmp_path / "bad", hosts, *common, "-e", f"container_runtime_pyxis_sha256={'0' * 64}")
+    assert completed.returncode != 0
+    assert "did not match" in completed.stdout and f"file://{tarball}" in completed.stdout, completed.stdout
+    assert list(markers.iterdir()) == [] and not list(downloads.glob("pyxis-*"))
+    # The right checksum: fetched once into the container runtime's cache, then left alone.
+    right = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    for attempt in ("first", "second"):
+        (tmp_path / attempt).mkdir()
+        completed, markers = preflight_run(repo_root, tmp_path / attempt, hosts, *common, "-e", f"container_runtime_pyxis_sha256={right}")
+        assert completed.returncode == 0, completed.stdout
+        assert [path.name for path in markers.iterdir()] == ["localhost"]
+    assert (downloads / "pyxis-0.20.0.tar.gz").read_bytes() == tarball.read_bytes()
+    assert "changed: [localhost] => (item=file://" not in completed.stdout, completed.stdout
+
+
+def test_a_forgotten_inventory_provisions_no_host(repo_root: Path) -> None:
+    ansible_dir = repo_root / "deploy" / "ansible"
+    completed = subprocess.run(
+        [str(venv_tool("ansible-playbook")), "site.yml", "--list-hosts"],
+        cwd=ansible_dir, env=ansible_env(ansible_dir), capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert re.findall(r"hosts \((\d+)\)", completed.stdout) and set(re.findall(r"hosts \((\d+)\)", completed.stdout)) == {"0"}, completed.stdout
+
+
+def test_readme_port_list_names_every_port_of_the_firewall(repo_root: Path) -> None:
+    defaults = yaml.safe_load(repo_root.joinpath(*ANSIBLE_DIR_PARTS, "roles", "firewall", "defaults", "main.yml").read_text())
+    readme = (repo_root / "README.md").read_text()
+    section = readme[readme.index("### Ports and the host firewall"):]
+    section = section[:section.index("\n### ", 4)]
+    for entry in defaults["firewall_port_list"]:
+        assert f"| {entry['service']} |" in section, entry["service"]
+
+
+# --- first install, reboots and the driver (issue 16) --------------------------------------
+
+
+def node_lines(out: Path, host: str = "ctl1") -> list[str]:
+    return [line for line in config_lines((out / host / "etc" / "slurm" / "slurm.conf").read_text()) if line.startswith("NodeName=")]
+
+
+def test_nodes_waiting_for_their_reboot_get_node_lines_from_the_inventory(repo_root: Path, tmp_path: Path) -> None:
+    # A first install with reboots disallowed: no driver is loaded on either GPU box, so nothing can be discovered.
+    run = render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "-e", json.dumps({"render_reboot_pending_hosts": ["gpu01", "gpu02"]}))
+    assert run.changed["ctl1"] > 0
+    assert node_lines(tmp_path) == [
+        "NodeName=gpu01 NodeAddr=10.0.0.21 CPUs=64 Sockets=2 CoresPerSocket=16 ThreadsPerCore=2 RealMemory=231300 Gres=gpu:rtx4090:4 State=UNKNOWN",
+        "NodeName=gpu02 NodeAddr=10.0.0.22 CPUs=24 Sockets=1 CoresPerSocket=12 ThreadsPerCore=2 RealMemory=115200 Gres=gpu:rtx3090:2 State=UNKNOWN",
+    ]
+    assert "gpu02 cannot report its GPUs before its reboot: its node line is written from the inventory (slurm_node_gpus)" in run.output
+    settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
+    assert "AccountingStorageTRES=gres/gpu,gres/gpu:rtx4090,gres/gpu:rtx3090" in settings
+    # slurmd, once the node has rebooted, finds the GPUs slurm.conf promises.
+    assert config_lines(rendered_text(tmp_path, "gpu01", "etc/slurm/gres.conf")) == ["NodeName=gpu01 Name=gpu Type=rtx4090 File=/dev/nvidia[0-3]"]
+    assert config_lines(rendered_text(tmp_path, "gpu02", "etc/slurm/gres.conf")) == ["NodeName=gpu02 Name=gpu Type=rtx3090 File=/dev/nvidia[0-1]"]
+
+
+def rendered_text(out: Path, host: str, relative: str) -> str:
+    return (out / host / relative).read_text()
+
+
+def test_a_node_waiting_for_its_reboot_keeps_its_slurm_conf_line_and_gres_conf(rendered: Rendered, repo_root: Path, tmp_path: Path) -> None:
+    # A routine rerun while gpu02's new driver waits for its reboot: gpu02 cannot be asked, and nothing changes.
+    out = tmp_path / "render"
+    shutil.copytree(rendered.root, out, symlinks=True)
+    before = {host: rendered_text(out, host, "etc/slurm/slurm.conf") for host in ("ctl1", "gpu01", "gpu02")}
+    gres_before = rendered_text(out, "gpu02", "etc/slurm/gres.conf")
+    job_submit_before = rendered_text(out, "ctl1", "etc/slurm/job_submit.lua")
+    run = render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), out, "-e", json.dumps({"render_reboot_pending_hosts": ["gpu02"]}))
+    assert "gpu02 cannot report its GPUs before its reboot: its node line stays as the controller has it" in run.output
+    # (Files naming the render folder change with the copy; these name none.)
+    assert {host: rendered_text(out, host, "etc/slurm/slurm.conf") for host in before} == before
+    assert rendered_text(out, "gpu02", "etc/slurm/gres.conf") == gres_before
+    assert rendered_text(out, "ctl1", "etc/slurm/job_submit.lua") == job_submit_before
+
+
+def test_an_unreachable_node_the_inventory_describes_fully_gets_its_node_line(repo_root: Path, tmp_path: Path) -> None:
+    output = render_refused(
+        repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path,
+        "-e", json.dumps({"render_fail_hosts": ["gpu02"], "slurm_node_cpus": 24, "slurm_node_real_memory": 115200}),
+    )
+    assert "gpu02 is unreachable or failed earlier in this run (see the recap): its node line is written from the inventory" in output
+    assert node_lines(tmp_path) == [
+        "NodeName=gpu01 NodeAddr=10.0.0.21 CPUs=24 RealMemory=115200 Gres=gpu:rtx4090:4 State=UNKNOWN",
+        "NodeName=gpu02 NodeAddr=10.0.0.22 CPUs=24 RealMemory=115200 Gres=gpu:rtx3090:2 State=UNKNOWN",
+    ]
+
+
+def test_slurm_conf_sets_the_srun_port_range_the_firewall_opens(rendered: Rendered) -> None:
+    assert "SrunPortRange=60001-63000" in config_lines(rendered.text("ctl1", "etc/slurm/slurm.conf"))
+
+
+def test_slurmd_waits_for_the_persistence_daemon_and_every_gpu_device(rendered: Rendered, tmp_path: Path) -> None:
+    unit = unit_settings(rendered.text("gpu01", "etc/systemd/system/slurmd.service.d/gpupool.conf"))
+    assert unit["Unit"]["After"] == ["nvidia-persistenced.service"]
+    assert unit["Unit"]["Requires"] == ["nvidia-persistenced.service"]
+    assert unit["Service"]["Restart"] == ["on-failure"]
+    assert int(unit["Service"]["RestartSec"][0]) > 0
+    (check,) = unit["Service"]["ExecStartPre"]
+    argv = shlex.split(check)
+    assert argv[1:] == ["--gres-conf", str(rendered.path("gpu01", "etc/slurm/gres.conf")), "--node-name", "gpu01"]
+    # The check itself, on gpu01's gres.conf with its /dev/nvidiaN moved here, and a line of another node.
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    gres_conf = tmp_path / "gres.conf"
+    gres_conf.write_text(
+        rendered.text("gpu01", "etc/slurm/gres.conf").replace("/dev/nvidia", f"{devices}/nvidia")
+        + f"NodeName=gpu02 Name=gpu Type=rtx3090 File={devices}/other[0-1]\n"
+    )
+    command = [argv[0], "--gres-conf", str(gres_conf), "--node-name", "gpu01"]
+    for index in range(3):
+        (devices / f"nvidia{index}").touch()
+    missing = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"slurm-gres-devices: {devices}/nvidia3 (named in {gres_conf}) does not exist yet"
+    (devices / "nvidia3").touch()
+    present = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert (present.returncode, present.stderr) == (0, "")
+
+
+def test_slurmd_device_check_reads_slurms_ranges(rendered: Rendered, tmp_path: Path) -> None:
+    gres_conf = tmp_path / "gres.conf"
+    gres_conf.write_text(f"Name=gpu Type=a File={tmp_path}/gpu[0,2-3]\n")
+    command = [str(rendered.path("gpu01", "usr/local/sbin/slurm-gres-devices")), "--gres-conf", str(gres_conf), "--node-name", "gpu01"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 1
+    assert [line.split()[1] for line in result.stderr.splitlines()] == [f"{tmp_path}/gpu{n}" for n in (0, 2, 3)]
+    gres_conf.unlink()
+    unreadable = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert unreadable.returncode == 2 and "cannot read" in unreadable.stderr
+
+
+def test_driver_packages_are_held_and_kept_out_of_unattended_upgrades(repo_root: Path, tmp_path: Path) -> None:
+    render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "--tags", "driver,driver_hold")
+    assert json.loads((tmp_path / "gpu01-held.json").read_text()) == [
+        "libnvidia-compute-535-server",
+        "linux-modules-nvidia-535-server-6.8.0-45-generic",
+        "linux-modules-nvidia-535-server-generic-hwe-22.04",
+        "nvidia-compute-utils-535-server",
+        "nvidia-dkms-535-server",
+        "nvidia-firmware-535-server-535.183.01",
+        "nvidia-headless-535-server",
+        "nvidia-kernel-common-535-server",
+    ]  # nvidia-utils-535-server is held already
+    assert json.loads((tmp_path / "gpu02-held.json").read_text()) == []
+    blacklist = (tmp_path / "gpu01" / "etc" / "apt" / "apt.conf.d" / "51gpupool-nvidia-driver").read_text()
+    patterns = re.findall(r'^\s*"([^"]+)";$', blacklist, re.MULTILINE)
+    assert "Unattended-Upgrade::Package-Blacklist {" in blacklist and patterns
+    # unattended-upgrades matches these as Python regular expressions.
+    def blocked(package: str) -> bool:
+        return any(re.match(pattern, package) for pattern in patterns)
+    assert all(blocked(name) for name in ("nvidia-utils-535-server", "libnvidia-compute-535-server", "linux-modules-nvidia-535-server-generic"))
+    assert not any(blocked(name) for name in ("nvidia-container-toolkit", "libnvidia-container1", "openssh-server"))
+
+
+def test_compute_nodes_reboot_in_a_rolling_play_between_the_driver_and_slurm(repo_root: Path) -> None:
+    ansible_dir = repo_root.joinpath(*ANSIBLE_DIR_PARTS)
+    plays = yaml.safe_load((ansible_dir / "site.yml").read_text())
+
+    def imports(play: dict[str, object]) -> list[tuple[str, str]]:
+        return [(task["ansible.builtin.import_role"]["name"], task["ansible.builtin.import_role"].get("tasks_from", "main"))
+                for task in play["tasks"] if "ansible.builtin.import_role" in task]  # type: ignore[index,union-attr]
+
+    (rolling,) = [play for play in plays if ("common", "rolling_reboot") in imports(play)]
+    assert rolling["hosts"] == "compute"
+    assert rolling["serial"] == "{{ gpupool_reboot_serial | default(1) }}"
+    assert rolling["max_fail_percentage"] == 0
+    order = plays.index(rolling)
+    assert any(("nvidia_driver", "main") in imports(play) for play in plays[:order])
+    assert any(("slurm_common", "main") in imports(play) for play in plays[order + 1:])
+    # Drained with gpupool's reason, idle or given back, rebooted, registered again, resumed: in that order.
+    tasks = yaml.safe_load((ansible_dir / "roles" / "common" / "tasks" / "rolling_reboot.yml").read_text())[0]["block"]
+    names = [task["name"] for task in tasks]
+    steps = ["Drain the node for its reboot", "Wait until no job runs on the node", "Give the node back to its jobs without the reboot",
+             "Reboot once for the driver and the boot options", "Wait until slurmd registers again",
+             "Return the node to service after its reboot"]
+    assert [names.index(step) for step in steps] == sorted(names.index(step) for step in steps)
+    drain = tasks[names.index("Drain the node for its reboot")]["ansible.builtin.command"]["argv"]
+    assert drain[:4] == ["scontrol", "update", "nodename={{ common_reboot_node_name }}", "state=drain"]
+    assert drain[4].startswith("reason=gpupool: reboot for ")
