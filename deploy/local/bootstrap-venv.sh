@@ -3,7 +3,7 @@
 # usage: bootstrap-venv.sh VENV_DIR [run|test]
 #   run   what `make run` needs: gpupool and ansible-core (the playbook runs from it)
 #   test  run's, plus the test tools `make test` needs: the dev extras, the
-#         customers' client, and Debian's chromium with its driver
+#         customers' client, Debian's chromium with its driver, and nginx-light
 # Every install step stops the script on failure with the tool's own output and
 # a sentence on what to check; nothing fails later as a missing module.
 set -euo pipefail
@@ -88,6 +88,9 @@ pip_install -e '.[deploy]'
 if [ "$profile" = test ]; then
   # The web pages' browser tests run headless Chromium with its matching driver.
   command -v chromedriver >/dev/null || apt_install chromium chromium-driver
+  # The session tests (tests/live/test_sessions.py) start a real nginx on a loopback
+  # port with gpupool's rendered config; they never touch the system's own nginx.
+  [ -x /usr/sbin/nginx ] || apt_install nginx-light
   pip_install -e '.[deploy,dev]'
   # The customers' client (its own distribution) is tested against the real server.
   pip_install -e ./client

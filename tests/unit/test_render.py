@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.errors import ValidationFailed
-from gpupool.render import JobSpec, RenderedJob, gres, log_path, render, sbatch_options
+from gpupool.render import JobSpec, RenderedJob, gres, log_path, render, sbatch_options, session_shim_source, shell_quote
 from gpupool.templates import Template
 from tests import golden
 
@@ -196,9 +196,41 @@ def test_golden_options(hello: Template, runtime: str) -> None:
     check_golden(f"hello-{runtime}.options", "".join(opt + "\n" for opt in rendered.options))
 
 
+# Session templates, as the README's examples run them: on the host, and in a pyxis image.
+SESSION_GOLDENS = {
+    "jupyter": {},
+    "webapp": {"command": 'python main.py --listen 127.0.0.1 --port "$GPUPOOL_APP_PORT"'},
+}
+SESSION_PORTS = "20000-29999"
+
+
+@pytest.mark.parametrize("runtime", ("none", "pyxis"))
+@pytest.mark.parametrize("name", sorted(SESSION_GOLDENS))
+def test_golden_session_script(shipped_templates: dict[str, Template], name: str, runtime: str) -> None:
+    template = shipped_templates[name]
+    spec = make_spec(
+        template, runtime, template=name, params=template.validate_params(SESSION_GOLDENS[name]), session_ports=SESSION_PORTS
+    )
+    rendered = render(spec)
+    check_golden(f"{name}-{runtime}.sbatch", rendered.script)
+    # The shim travels inside the script, byte for byte, and the secret never does.
+    assert session_shim_source() in rendered.script
+    assert "secret" not in "".join(line for line in rendered.script.splitlines() if line.startswith("export "))
+
+
 def test_goldens_have_no_strays() -> None:
     expected = {f"hello-{runtime}.{ext}" for runtime in RUNTIMES for ext in ("sbatch", "options")}
+    expected |= {f"{name}-{runtime}.sbatch" for name in SESSION_GOLDENS for runtime in ("none", "pyxis")}
     assert {path.name for path in GOLDEN_DIR.iterdir()} == expected
+
+
+@pytest.mark.parametrize("value", ["x\n#SBATCH --account=evil", "$(touch /tmp/pwned)", "'; exit 3; '"])
+def test_hostile_session_command_creates_no_sbatch_directive(shipped_templates: dict[str, Template], value: str) -> None:
+    template = shipped_templates["webapp"]
+    spec = make_spec(template, template="webapp", params=template.validate_params({"command": value}), session_ports=SESSION_PORTS)
+    rendered = render(spec)
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+    assert f"export GPUPOOL_PARAM_COMMAND={shell_quote(value)}" in rendered.script
 
 
 # --- option order and shape ------------------------------------------------------------
