@@ -117,6 +117,7 @@ def submit_body(
     cpus: int | None,
     mem_gb: int | None,
     time_limit_min: int | None,
+    idle_timeout_min: int | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"template": template, "params": dict(params or {})}
     optional = {
@@ -127,6 +128,7 @@ def submit_body(
         "cpus": cpus,
         "mem_gb": mem_gb,
         "time_limit_min": time_limit_min,
+        "idle_timeout_min": idle_timeout_min,
     }
     body.update({key: value for key, value in optional.items() if value is not None})
     return body

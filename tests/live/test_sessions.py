@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NGINX = Path("/usr/sbin/nginx")
 PROXY_KEY = "proxy-key-" + "p" * 40
 GPUPOOL = Path(sys.executable).parent / "gpupool"
+GPUPOOL_CLIENT = Path(sys.executable).parent / "gpupool-client"
 # The test's own app: it says which job it runs in and whether the secret reached it, and echoes WebSocket frames.
 APP = r'''
 import base64, hashlib, json, os, struct
@@ -334,8 +335,16 @@ def test_idle_session_is_cancelled_and_billed_for_its_run(
 ) -> None:
     server, proxy = api_and_proxy
     token = recorded_token(live_settings, slurm_account, sub=f"i-{secrets.token_hex(3)}")
-    session = start_session(server, token, app_dir, idle_timeout_min=1)
-    assert session["idle_timeout_min"] == 1
+    # The customer's command: submits, waits until the session is ready, prints its link.
+    started = subprocess.run(
+        [str(GPUPOOL_CLIENT), "--url", server.url, "--token", token, "session", "webapp", "--gpus", "1", "--idle-timeout", "1",
+         "-p", f"command=exec python3 {app_dir / 'app.py'}", "--json"],
+        capture_output=True, text=True, timeout=240, check=False, env={"PATH": "/usr/bin:/bin"},
+    )
+    assert started.returncode == 0, started.stderr
+    session = json.loads(started.stdout)
+    assert session["state"] == "ready" and session["idle_timeout_min"] == 1, session
+    assert session["link"].startswith(f"http://{label_of(session)}.{proxy.domain}:{proxy.port}/.gpupool/open?link=")
     job_id = session["job_id"]
     # The shim itself says nothing went through since it started, and no WebSocket is open.
     status = shim_status(node_address(http("GET", f"{server.url}/jobs/{job_id}", token=token).body["node"]),
