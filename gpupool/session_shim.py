@@ -158,6 +158,7 @@ class Shim:
         self.secret = secret
         self.app_port = app_port
         self.upstream_header = upstream_header
+        self.upstream_header_name = (upstream_header or b"").partition(b":")[0].strip().decode("latin-1").lower()
         self.activity = activity
 
     def serve(self, listener: socket.socket) -> None:
@@ -186,7 +187,9 @@ class Shim:
             answer(conn, "200 OK", json.dumps(self.activity.status()).encode(), "application/json")
             return
         upgrade = any(name == "upgrade" and value.lower() == b"websocket" for name, value in headers)
-        kept = [(name, value) for name, value in headers if name != SECRET_HEADER]
+        # What the shim adds for the app (JupyterLab's token) replaces whatever the browser sent under that name.
+        replaced = {SECRET_HEADER, self.upstream_header_name}
+        kept = [(name, value) for name, value in headers if name not in replaced]
         if not upgrade:
             # One request per upstream connection: every request the app sees was checked here.
             kept = [(name, value) for name, value in kept if name not in ("connection", "keep-alive")]

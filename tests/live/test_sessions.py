@@ -61,6 +61,7 @@ class Handler(BaseHTTPRequestHandler):
             "path": self.path,
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "secret_seen": self.headers.get("X-Gpupool-Session-Secret"),
+            "cookie": self.headers.get("Cookie"),
             "host": self.headers.get("Host"),
         }).encode()
         self.send_response(200)
@@ -272,10 +273,15 @@ def test_webapp_session_through_nginx(
     assert again.status == 404 and "Set-Cookie" not in again.headers
 
     # Through nginx and the shim to the app, in the job Slurm runs; the secret stops at the shim.
-    page = through_proxy(proxy, host, "/some/path?x=1", cookie=cookie, headers={"X-Gpupool-Session-Secret": "forged"})
+    page = through_proxy(
+        proxy, host, "/some/path?x=1", headers={"X-Gpupool-Session-Secret": "forged", "Cookie": f"app=1; {COOKIE_NAME}={cookie}; theme=dark"}
+    )
     assert page.status == 200, (page.status, page.body, proxy.log())
     seen = page.json()
-    assert seen == {"path": "/some/path?x=1", "slurm_job_id": str(job["slurm_job_id"]), "secret_seen": None, "host": host}
+    # The app gets its own cookies, never gpupool's grant, and never the secret.
+    assert seen == {
+        "path": "/some/path?x=1", "slurm_job_id": str(job["slurm_job_id"]), "secret_seen": None, "host": host, "cookie": "app=1; theme=dark",
+    }
 
     # A WebSocket through the proxy, checked like every request; the shim counts it while open.
     status, echoed = websocket_echo(proxy, host, cookie, b"hello over ws")
