@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional, Tuple
 
 SECRET_HEADER = "x-gpupool-session-secret"
 STATUS_PATH = "/.gpupool-shim/status"
@@ -64,7 +63,7 @@ class Activity:
         return {"idle_s": int(time.monotonic() - self.last_active), "websockets": self.websockets}
 
 
-def parse_ports(text: str) -> Tuple[int, int]:
+def parse_ports(text: str) -> tuple[int, int]:
     low_text, _, high_text = text.partition("-")
     low, high = int(low_text), int(high_text or low_text)
     if not 1024 <= low <= high <= 65535:
@@ -77,8 +76,8 @@ def node_address() -> str:
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
     if not infos:
-        raise OSError("the node name {!r} does not resolve to an IPv4 address".format(name))
-    return infos[0][4][0]
+        raise OSError(f"the node name {name!r} does not resolve to an IPv4 address")
+    return str(infos[0][4][0])
 
 
 def listen_in_range(host: str, low: int, high: int) -> socket.socket:
@@ -93,7 +92,7 @@ def listen_in_range(host: str, low: int, high: int) -> socket.socket:
             continue
         sock.listen(64)
         return sock
-    raise OSError("no free port in {}-{} on {}".format(low, high, host))
+    raise OSError(f"no free port in {low}-{high} on {host}")
 
 
 def free_loopback_port() -> int:
@@ -102,7 +101,7 @@ def free_loopback_port() -> int:
         return sock.getsockname()[1]
 
 
-def read_head(conn: socket.socket) -> Tuple[bytes, bytes]:
+def read_head(conn: socket.socket) -> tuple[bytes, bytes]:
     """The request head (through the blank line) and whatever body bytes came with it."""
     data = b""
     conn.settimeout(HEAD_TIMEOUT_S)
@@ -118,7 +117,7 @@ def read_head(conn: socket.socket) -> Tuple[bytes, bytes]:
     return head, rest
 
 
-def split_head(head: bytes) -> Tuple[bytes, List[Tuple[str, bytes]]]:
+def split_head(head: bytes) -> tuple[bytes, list[tuple[str, bytes]]]:
     lines = head.split(b"\r\n")
     headers = []
     for line in lines[1:]:
@@ -130,9 +129,7 @@ def split_head(head: bytes) -> Tuple[bytes, List[Tuple[str, bytes]]]:
 
 
 def answer(conn: socket.socket, status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-    head = "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n".format(
-        status, content_type, len(body)
-    )
+    head = f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     conn.sendall(head.encode("latin-1") + body)
 
 
@@ -154,7 +151,7 @@ def relay(source: socket.socket, target: socket.socket, activity: Activity) -> N
 
 
 class Shim:
-    def __init__(self, secret: bytes, app_port: int, upstream_header: Optional[bytes], activity: Activity) -> None:
+    def __init__(self, secret: bytes, app_port: int, upstream_header: bytes | None, activity: Activity) -> None:
         self.secret = secret
         self.app_port = app_port
         self.upstream_header = upstream_header
@@ -228,10 +225,10 @@ def write_port_file(path: str, port: int) -> None:
     # The run-as helper made this file (tenant:service 0640): write into it, never replace it.
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "w") as handle:
-        handle.write("{}\n".format(port))
+        handle.write(f"{port}\n")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--secret-file", required=True)
     parser.add_argument("--port-file", required=True)
@@ -273,13 +270,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, stop)
     while not app_answers(app_port):
         if app.poll() is not None:
-            print("gpupool session: the app exited with {} before it answered".format(app.returncode), file=sys.stderr)
+            print(f"gpupool session: the app exited with {app.returncode} before it answered", file=sys.stderr)
             return app.returncode or 1
         time.sleep(0.5)
     shim = Shim(secret, app_port, header, Activity())
     threading.Thread(target=shim.serve, args=(listener,), daemon=True).start()
     write_port_file(args.port_file, listener.getsockname()[1])
-    print("gpupool session: listening on {}:{}".format(host, listener.getsockname()[1]), flush=True)
+    print(f"gpupool session: listening on {host}:{listener.getsockname()[1]}", flush=True)
     return app.wait()
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from gpupool import joblogs
@@ -232,11 +232,12 @@ def redeem_link(db: Session, settings: Settings, label: str, value: str, now: dt
     if job.finished:
         return None
     claimed = db.execute(
-        SessionGrant.__table__.update()
+        update(SessionGrant)
         .where(SessionGrant.value_hash == grant.value_hash, SessionGrant.used_at.is_(None))
         .values(used_at=now)
+        .execution_options(synchronize_session=False)
     )
-    if claimed.rowcount != 1:
+    if getattr(claimed, "rowcount", 0) != 1:
         db.rollback()
         return None
     cookie = secrets.token_urlsafe(GRANT_BYTES)

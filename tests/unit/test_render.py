@@ -29,7 +29,16 @@ from pathlib import Path
 import pytest
 
 from gpupool.errors import ValidationFailed
-from gpupool.render import JobSpec, RenderedJob, gres, log_path, render, sbatch_options, session_shim_source, shell_quote
+from gpupool.render import (
+    JobSpec,
+    RenderedJob,
+    gres,
+    log_path,
+    render,
+    sbatch_options,
+    session_shim_source,
+    shell_quote,
+)
 from gpupool.templates import Template
 from tests import golden
 
