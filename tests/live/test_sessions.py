@@ -189,13 +189,20 @@ def app_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def api_and_proxy(start_server: Callable[..., Server]) -> Iterator[tuple[Server, Proxy]]:
+def session_templates_dir() -> str | None:
+    """The server's templates: the shipped ones (a module may give its own)."""
+    return None
+
+
+@pytest.fixture
+def api_and_proxy(start_server: Callable[..., Server], session_templates_dir: str | None) -> Iterator[tuple[Server, Proxy]]:
     if not NGINX.exists():
         pytest.fail("nginx is missing: `make venv-test` installs nginx-light (deploy/local/bootstrap-venv.sh)")
     port = free_port()
     domain = "sessions.localhost"
+    extra = {} if session_templates_dir is None else {"templates_dir": session_templates_dir}
     server = start_server(
-        session_proxy_key=PROXY_KEY, sessions_url=f"http://{domain}:{port}", session_ports="20000-29999",
+        session_proxy_key=PROXY_KEY, sessions_url=f"http://{domain}:{port}", session_ports="20000-29999", **extra,
     )
     user = ensure_service_user()
     state_dir = Path(tempfile.mkdtemp(prefix="gpupool-nginx-", dir="/var/tmp"))
