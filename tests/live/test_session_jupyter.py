@@ -123,8 +123,12 @@ def test_jupyterlab_through_the_proxy_in_chromium(
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#jp-main-dock-panel, .jp-LabShell"), timeout_s=120,
              what="JupyterLab's page")
     assert browser.current_url.startswith("http://") and f".{proxy.domain}:{proxy.port}/" in browser.current_url
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".jp-Launcher"), timeout_s=120, what="the launcher")
+    # Every script, stylesheet and API call of JupyterLab came through: nothing failed to load.
+    refused = [line for line in (proxy.state_dir / "access.log").read_text().splitlines() if '" 200 ' not in line and '" 204 ' not in line and '" 101 ' not in line and '" 303 ' not in line]
+    errors = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert not errors and not browser.find_elements(By.CSS_SELECTOR, ".jp-Dialog"), (errors, refused)
     if os.environ.get("GPUPOOL_DOCS_SCREENSHOTS") == "1":
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".jp-Launcher"), timeout_s=60, what="the launcher")
         browser.save_screenshot(str(REPO / "docs" / "jupyterlab-session.png"))
 
     # A kernel of this JupyterLab, asked over its WebSocket from the page itself, runs in the Slurm job.
