@@ -202,7 +202,8 @@ def api_and_proxy(start_server: Callable[..., Server], session_templates_dir: st
     domain = "sessions.localhost"
     extra = {} if session_templates_dir is None else {"templates_dir": session_templates_dir}
     server = start_server(
-        session_proxy_key=PROXY_KEY, sessions_url=f"http://{domain}:{port}", session_ports="20000-29999", **extra,
+        session_proxy_key=PROXY_KEY, sessions_url=f"http://{domain}:{port}", session_ports="20000-29999",
+        webhook_allow_cidrs="127.0.0.0/8", **extra,
     )
     user = ensure_service_user()
     state_dir = Path(tempfile.mkdtemp(prefix="gpupool-nginx-", dir="/var/tmp"))
@@ -359,6 +360,8 @@ def test_idle_session_is_cancelled_and_billed_for_its_run(
     assert session["state"] == "ready" and session["idle_timeout_min"] == 1, session
     assert session["link"].startswith(f"http://{label_of(session)}.{proxy.domain}:{proxy.port}/.gpupool/open?link=")
     job_id = session["job_id"]
+    hook = http("POST", server.url + "/webhooks", token=token, body={"url": "http://127.0.0.1:9/hook", "events": ["job.ended"]})
+    assert hook.status == 201, hook.body
     # The shim itself says nothing went through since it started, and no WebSocket is open.
     status = shim_status(node_address(http("GET", f"{server.url}/jobs/{job_id}", token=token).body["node"]),
                          session_port(server, token, session), "wrong-secret", 5)
@@ -376,6 +379,10 @@ def test_idle_session_is_cancelled_and_billed_for_its_run(
     )
     assert ended["state"] == "CANCELLED" and "idle" in ended["end_reason"], ended
     assert http("GET", f"{server.url}/jobs/{job_id}/session", token=token).body["state"] == "ended"
+    # The job.ended webhook says why.
+    deliveries = http("GET", f"{server.url}/webhooks/{hook.body['id']}/deliveries", token=token).body["deliveries"]
+    ended_events = [d["payload"]["data"]["job"] for d in deliveries if d["event_type"] == "job.ended" and d["job_id"] == job_id]
+    assert len(ended_events) == 1 and ended_events[0]["end_reason"] == ended["end_reason"], deliveries
     row = sacct_row(ended["slurm_job_id"], "JobID,State,ElapsedRaw,Start,End")
     assert row["State"].startswith("CANCELLED"), row
 
