@@ -51,7 +51,7 @@ def render_sessions_conf(config: ProxyConfig) -> str:
     env.filters["regex_escape"] = re.escape
     template = env.from_string(TEMPLATE.read_text())
     return template.render(
-        gpupool_sessions_domain=config.sessions_domain,
+        gpupool_proxy_sessions_domain=config.sessions_domain,
         gpupool_proxy_api_url=config.api_url,
         gpupool_proxy_public_api_url=config.public_api_url,
         gpupool_proxy_key=config.proxy_key,
