@@ -349,7 +349,7 @@ class DirectTenantActions:
         tenant = self._tenant(account)
         argv_options = check_submit_options(self.settings, list(options), account, job_id)
         data = check_script(script, argv_options)
-        if session_secret is not None and not _SESSION_SECRET.match(session_secret):
+        if session_secret is not None and not _SESSION_SECRET.fullmatch(session_secret):
             raise TenantError("a session secret is 32 to 128 URL-safe characters")
         ensure_tenant_folder(self.settings, tenant, job_id)
         self._write_service_files(job_dir, data, tenant, session_secret)
