@@ -8,9 +8,9 @@ code when it COMPLETED or FAILED, and with a fixed code for every other end
 from __future__ import annotations
 
 import argparse
-import webbrowser
 import json
 import sys
+import webbrowser
 from collections.abc import Sequence
 from typing import Any
 

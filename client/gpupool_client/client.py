@@ -27,6 +27,7 @@ from gpupool_client._core import (
     raise_for_answer,
     resolve_settings,
     retryable,
+    session_is_open,
     submit_body,
 )
 from gpupool_client.errors import (
@@ -165,11 +166,8 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             session = self.session(job_id)
-            if session["state"] in ("ready", "idle"):
+            if session_is_open(session):
                 return session
-            if session["state"] == "ended":
-                job = self._get_job_data(job_id)
-                raise GpupoolError(f"session {job_id} ended before it was ready ({job['state']})", code="session_ended")
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"session {job_id} was not ready within {timeout:g} s", code="wait_timeout")
             time.sleep(poll_s)
