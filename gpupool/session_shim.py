@@ -4,8 +4,15 @@ gpupool writes this file into a session job's folder and runs it there, in
 whatever Python the job's environment or image has: it uses the standard
 library alone and the syntax of Python 3.7. It
 
-- starts the session's app (the command after ``--``) on 127.0.0.1 and a port
-  of its own, given to the app as ``GPUPOOL_APP_PORT``;
+- starts the session's app (the command after ``--``) in a user and network
+  namespace of its own, so that the app's 127.0.0.1 (``GPUPOOL_APP_HOST`` and
+  ``GPUPOOL_APP_PORT``) is private: no other job on the node, whatever its uid,
+  can connect to it. A forwarder in that namespace (this file again, with
+  ``--inner``) takes connections on a Unix socket in a 0700 folder of the
+  job's own and passes them to the app's port. A node that cannot make the
+  namespaces (user.max_user_namespaces = 0, a seccomp or AppArmor rule) fails
+  the session with exit code 78 and says why on stderr: the app is never left
+  on the node's shared loopback;
 - listens on the node's cluster address (never on all interfaces), on a free
   port of the operator's session range, and writes that port, and nothing
   else, into the port file the run-as helper made, once the app answers;
@@ -28,10 +35,13 @@ import hmac
 import json
 import os
 import random
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -41,6 +51,15 @@ MAX_HEAD_BYTES = 64 * 1024
 HEAD_TIMEOUT_S = 30.0
 CHUNK = 64 * 1024
 REFUSAL_BODY = b"gpupool session: this session's secret is missing or wrong\n"
+# EX_CONFIG: gpupool reads this exit code as "the node cannot keep the app private".
+NO_PRIVATE_NETWORK_EXIT = 78
+APP_SOCKET_NAME = "app.sock"
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+IFREQ_FLAGS = "16sh22x"
 
 
 class Activity:
@@ -151,9 +170,9 @@ def relay(source: socket.socket, target: socket.socket, activity: Activity) -> N
 
 
 class Shim:
-    def __init__(self, secret: bytes, app_port: int, upstream_header: bytes | None, activity: Activity) -> None:
+    def __init__(self, secret: bytes, app_socket: str, upstream_header: bytes | None, activity: Activity) -> None:
         self.secret = secret
-        self.app_port = app_port
+        self.app_socket = app_socket
         self.upstream_header = upstream_header
         self.upstream_header_name = (upstream_header or b"").partition(b":")[0].strip().decode("latin-1").lower()
         self.activity = activity
@@ -194,7 +213,9 @@ class Shim:
         lines = [request_line] + [name.encode("latin-1") + b": " + value for name, value in kept]
         if self.upstream_header is not None:
             lines.append(self.upstream_header)
-        upstream = socket.create_connection(("127.0.0.1", self.app_port), timeout=10)
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.settimeout(10)
+        upstream.connect(self.app_socket)
         upstream.settimeout(None)
         try:
             upstream.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + rest)
@@ -221,6 +242,136 @@ def app_answers(port: int) -> bool:
         return False
 
 
+class NoPrivateNetwork(Exception):
+    """The kernel or the job's sandbox refused a user+network namespace."""
+
+
+def _unshare(flags: int) -> None:
+    if hasattr(os, "unshare"):  # Python 3.12+
+        os.unshare(flags)
+        return
+    import ctypes  # only here: an image's Python may lack it, and then this node cannot isolate the app
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+def enter_private_network() -> None:
+    """Move this process into a new user and network namespace whose loopback only it and its children share.
+
+    The uid and gid map to themselves, so the app keeps the tenant's identity on
+    files; the capabilities the new namespace grants go at the app's exec.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+        with open("/proc/self/setgroups", "w") as handle:
+            handle.write("deny")
+        with open("/proc/self/uid_map", "w") as handle:
+            handle.write(f"{uid} {uid} 1\n")
+        with open("/proc/self/gid_map", "w") as handle:
+            handle.write(f"{gid} {gid} 1\n")
+        # A new network namespace's loopback starts down; `ip` may not be in the image.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            import fcntl
+
+            request = struct.pack(IFREQ_FLAGS, b"lo", 0)
+            flags = struct.unpack(IFREQ_FLAGS, fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+            fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack(IFREQ_FLAGS, b"lo", flags | IFF_UP))
+    except (OSError, ImportError) as exc:
+        raise NoPrivateNetwork(str(exc)) from exc
+    interfaces = sorted(name for _, name in socket.if_nameindex())
+    if interfaces != ["lo"]:
+        raise NoPrivateNetwork(f"the new network namespace has interfaces {interfaces}, not just lo")
+
+
+def forward(listener: socket.socket, app_port: int) -> None:
+    """Inside the namespace: each connection on the Unix socket goes to the app's loopback port."""
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=forward_one, args=(conn, app_port), daemon=True).start()
+
+
+def forward_one(conn: socket.socket, app_port: int) -> None:
+    try:
+        with socket.create_connection(("127.0.0.1", app_port), timeout=10) as upstream:
+            upstream.settimeout(None)
+            unused = Activity()  # the shim outside counts activity
+            back = threading.Thread(target=relay, args=(upstream, conn, unused), daemon=True)
+            back.start()
+            relay(conn, upstream, unused)
+            back.join()
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def run_inner(app_socket: str, command: list[str]) -> int:
+    """The app's side: a private network, the app on its loopback, the forwarder on the Unix socket."""
+    try:
+        enter_private_network()
+    except NoPrivateNetwork as exc:
+        print(
+            "gpupool session: this node cannot give the app a private network (an unprivileged user+network "
+            f"namespace: {exc}); the session does not start rather than leave the app on the node's shared loopback. "
+            "The operator must allow user namespaces on the node (user.max_user_namespaces > 0).",
+            file=sys.stderr, flush=True,
+        )
+        return NO_PRIVATE_NETWORK_EXIT
+    app_port = free_loopback_port()
+    env = dict(os.environ, GPUPOOL_APP_HOST="127.0.0.1", GPUPOOL_APP_PORT=str(app_port))
+    app = subprocess.Popen(command, env=env)
+    install_stop(app)
+    while not app_answers(app_port):
+        if app.poll() is not None:
+            print(f"gpupool session: the app exited with {app.returncode} before it answered", file=sys.stderr)
+            return app.returncode or 1
+        time.sleep(0.5)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(app_socket)  # in the 0700 folder the shim made: no other uid can even reach it
+    listener.listen(64)
+    threading.Thread(target=forward, args=(listener, app_port), daemon=True).start()
+    return app.wait()
+
+
+def install_stop(child: subprocess.Popen) -> None:
+    def stop(signum: int, _frame: object) -> None:
+        # Slurm's SIGTERM at cancel, idle stop or time limit: the child first, then this process.
+        child.send_signal(signum)
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def app_socket_answers(path: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def private_folder() -> str:
+    """A 0700 folder for the app's Unix socket, with a path short enough for one (108 bytes)."""
+    folder = tempfile.mkdtemp(prefix="gpupool-session-")
+    if len(folder) > 80:
+        os.rmdir(folder)
+        folder = tempfile.mkdtemp(prefix="gpupool-session-", dir="/tmp")
+    os.chmod(folder, 0o700)
+    return folder
+
+
 def write_port_file(path: str, port: int) -> None:
     # The run-as helper made this file (tenant:service 0640): write into it, never replace it.
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -230,9 +381,10 @@ def write_port_file(path: str, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--secret-file", required=True)
-    parser.add_argument("--port-file", required=True)
-    parser.add_argument("--ports", required=True, help="the operator's session port range, low-high")
+    parser.add_argument("--inner", metavar="SOCKET", help=argparse.SUPPRESS)  # the shim's own call, in the namespace
+    parser.add_argument("--secret-file")
+    parser.add_argument("--port-file")
+    parser.add_argument("--ports", help="the operator's session port range, low-high")
     parser.add_argument("--secret-env", help="also give the app the secret in this environment variable")
     parser.add_argument("--upstream-header", help="a header added to each request to the app; {secret} is replaced")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -240,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the app's command after --")
+    if args.inner:
+        return run_inner(args.inner, command)
+    if not (args.secret_file and args.port_file and args.ports):
+        parser.error("--secret-file, --port-file and --ports are required")
     with open(args.secret_file, "rb") as handle:
         secret = handle.read().strip()
     if len(secret) < 32:
@@ -248,36 +404,28 @@ def main(argv: list[str] | None = None) -> int:
     low, high = parse_ports(args.ports)
     host = node_address()
     listener = listen_in_range(host, low, high)
-    app_port = free_loopback_port()
-    env = dict(os.environ, GPUPOOL_APP_HOST="127.0.0.1", GPUPOOL_APP_PORT=str(app_port))
+    env = dict(os.environ)
     if args.secret_env:
         env[args.secret_env] = secret.decode()
     header = None
     if args.upstream_header:
         header = args.upstream_header.replace("{secret}", secret.decode()).encode("latin-1")
-    app = subprocess.Popen(command, env=env)
-
-    def stop(signum: int, _frame: object) -> None:
-        # Slurm's SIGTERM at cancel, idle stop or time limit: the app first, then this process.
-        app.send_signal(signum)
-        try:
-            app.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            app.kill()
-        sys.exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    while not app_answers(app_port):
-        if app.poll() is not None:
-            print(f"gpupool session: the app exited with {app.returncode} before it answered", file=sys.stderr)
-            return app.returncode or 1
-        time.sleep(0.5)
-    shim = Shim(secret, app_port, header, Activity())
-    threading.Thread(target=shim.serve, args=(listener,), daemon=True).start()
-    write_port_file(args.port_file, listener.getsockname()[1])
-    print(f"gpupool session: listening on {host}:{listener.getsockname()[1]}", flush=True)
-    return app.wait()
+    folder = private_folder()
+    try:
+        app_socket = os.path.join(folder, APP_SOCKET_NAME)
+        inner = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--inner", app_socket, "--", *command], env=env)
+        install_stop(inner)
+        while not app_socket_answers(app_socket):
+            if inner.poll() is not None:
+                return inner.returncode or 1
+            time.sleep(0.5)
+        shim = Shim(secret, app_socket, header, Activity())
+        threading.Thread(target=shim.serve, args=(listener,), daemon=True).start()
+        write_port_file(args.port_file, listener.getsockname()[1])
+        print(f"gpupool session: listening on {host}:{listener.getsockname()[1]}", flush=True)
+        return inner.wait()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

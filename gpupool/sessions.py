@@ -35,7 +35,7 @@ from gpupool.models.jobs import Job
 from gpupool.models.sessions import COOKIE, LINK, JobSession, SessionGrant
 from gpupool.models.tokens import IssuedToken
 from gpupool.render import SESSION_PORT_FILE
-from gpupool.session_shim import STATUS_PATH
+from gpupool.session_shim import NO_PRIVATE_NETWORK_EXIT, STATUS_PATH
 from gpupool.slurm import SlurmClient
 from gpupool.templates import Template
 from gpupool.tokens import Principal
@@ -50,6 +50,10 @@ COOKIE_NAME = "gpupool_session_grant"
 OPEN_PATH = "/.gpupool/open"
 # What the port file may hold: a port and a newline. More is not read.
 _PORT_FILE_MAX = 16
+NO_PRIVATE_NETWORK_REASON = (
+    "the node could not give the session's app a private network (user and network namespaces); "
+    "the job's stderr says why"
+)
 STARTING, READY, IDLE, ENDED = "starting", "ready", "idle", "ended"
 
 
@@ -166,6 +170,9 @@ def session_view(settings: Settings, job: Job, record: JobSession, now: dt.datet
     }
     if job.finished or record.idle_stopped_at is not None:
         view["state"] = ENDED
+        # The shim refused to start the app where other jobs could reach it: say so, not just "exit code 78".
+        if job.end_reason is None and record.port is None and job.exit_code == NO_PRIVATE_NETWORK_EXIT:
+            view["end_reason"] = NO_PRIVATE_NETWORK_REASON
     elif record.port is None:
         view["state"] = STARTING
     else:

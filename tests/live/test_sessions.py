@@ -15,6 +15,7 @@ import http.client as httpclient
 import io
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -326,8 +327,58 @@ def test_webapp_session_through_nginx(
     assert direct.stdout.startswith("HTTP/1.1 403 Forbidden"), (direct.stdout, direct.stderr)
     assert "secret is missing or wrong" in direct.stdout
 
+    # Every TCP port the session's tenant listens on, seen from the other tenant's uid, on loopback
+    # and on the node's address: the shim's 403 or a refusal; the app (in its own network namespace) never.
+    tenant_uid = pwd.getpwnam(TENANT_PREFIX + slurm_account).pw_uid
+    ports = listening_ports(tenant_uid)
+    assert record_port in ports, (record_port, ports)
+    answers = probe_ports(TENANT_PREFIX + tenant_b, sorted({"127.0.0.1", address}), ports)
+    assert answers and all(first == "refused" or first.startswith("HTTP/1.1 403 Forbidden") for first in answers.values()), answers
+    assert answers[f"{address}:{record_port}"].startswith("HTTP/1.1 403 Forbidden"), answers
+
     # nginx's endpoints are closed to anyone without the proxy's key.
     assert http("GET", server.url + "/session-proxy/auth", headers={"X-Gpupool-Session": label, "Cookie": f"{COOKIE_NAME}={cookie}"}).status == 404
+
+
+def listening_ports(uid: int) -> list[int]:
+    """The TCP ports with a listening socket of this uid, as the kernel lists them in /proc/net/tcp and tcp6."""
+    ports = set()
+    for table in (Path("/proc/net/tcp"), Path("/proc/net/tcp6")):
+        for line in table.read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[7]) == uid:  # 0A: TCP_LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+PORT_PROBE = r"""
+import json, socket, sys
+hosts, ports = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+answers = {}
+for host in hosts:
+    for port in ports:
+        try:
+            with socket.create_connection((host, port), timeout=10) as sock:
+                sock.settimeout(10)
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Gpupool-Session-Secret: guessed\r\nConnection: close\r\n\r\n")
+                first = sock.recv(200).decode("latin-1").split("\r\n", 1)[0]
+        except ConnectionRefusedError:
+            first = "refused"
+        except OSError as exc:
+            first = "error: " + str(exc)
+        answers[host + ":" + str(port)] = first or "closed without an answer"
+print(json.dumps(answers))
+"""
+
+
+def probe_ports(user: str, hosts: list[str], ports: list[int]) -> dict[str, str]:
+    """Connect, as `user`, to each host:port and send a request with a guessed secret: the first line of each answer."""
+    result = run_command(
+        ["/usr/sbin/runuser", "-u", user, "--", "/usr/bin/python3", "-c", PORT_PROBE, json.dumps(hosts), json.dumps(ports)],
+        timeout_s=120, env={"PATH": "/usr/bin:/bin"}, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def session_port(server: Server, token: str, session: dict) -> int:
