@@ -137,15 +137,16 @@ def test_jupyterlab_through_the_proxy_in_chromium(
     # The job's id and the one GPU Slurm gave it (the emulated GPUs set no CUDA_VISIBLE_DEVICES).
     assert printed.split() == [str(job["slurm_job_id"]), "1"], printed
 
-    # JupyterLab itself, on its loopback port, refuses another tenant on the node: no kernel without the token.
+    # JupyterLab's own port is on the loopback of the job's private network namespace: another tenant
+    # on the node, trying it on the node's 127.0.0.1, finds nothing there (and JupyterLab wants its token too).
     app_ports = jupyter_ports(Path(server.env["GPUPOOL_JOB_ROOT"]) / slurm_account / job_id)
     assert app_ports, "JupyterLab wrote no runtime file"
     for port in app_ports:
         probe = subprocess.run(
             ["/usr/sbin/runuser", "-u", TENANT_PREFIX + tenant_b, "--", "/usr/bin/python3", "-c",
-             "import sys, urllib.request, urllib.error\n"
-             f"try: urllib.request.urlopen('http://127.0.0.1:{port}/api/kernels', timeout=10); print(200)\n"
-             "except urllib.error.HTTPError as e: print(e.code)\n"],
+             "import socket\n"
+             f"try: socket.create_connection(('127.0.0.1', {port}), timeout=10).close(); print('connected')\n"
+             "except ConnectionRefusedError: print('refused')\n"],
             capture_output=True, text=True, timeout=30, check=False, env={"PATH": "/usr/bin:/bin"},
         )
-        assert probe.stdout.strip() == "403", (port, probe.stdout, probe.stderr)
+        assert probe.stdout.strip() == "refused", (port, probe.stdout, probe.stderr)
