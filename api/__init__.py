@@ -22,6 +22,7 @@ from api.errors import register_error_handlers
 from api.jobs import jobs_bp, submit_bp
 from api.meta import meta_bp, templates_bp
 from api.metrics import metrics_bp, register_metrics
+from api.sessions import session_proxy_bp, sessions_bp
 from api.web import register_pages
 from api.webhooks import webhooks_bp
 from gpupool.clock import Clock, system_clock
@@ -110,6 +111,8 @@ def create_app(
     limiter.limit(lambda: settings.ratelimit_submit)(submit_bp)
     limiter.exempt(meta_bp)
     limiter.exempt(metrics_bp)  # monitoring must not depend on the rate-limit store
+    # nginx asks on every proxied request; it authenticates with its key, and caching bounds the cost.
+    limiter.exempt(session_proxy_bp)
     app.extensions["gpupool_limiter"] = limiter
     # Requests refused with 401 are counted by api.auth, per client address.
     try:
@@ -117,7 +120,9 @@ def create_app(
     except ValueError as exc:
         raise ConfigError(f"ratelimit_unauthenticated: {exc}") from exc
 
-    for blueprint in (meta_bp, templates_bp, submit_bp, jobs_bp, billing_bp, metrics_bp, webhooks_bp, admin_bp):
+    for blueprint in (
+        meta_bp, templates_bp, submit_bp, jobs_bp, billing_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp
+    ):
         app.register_blueprint(blueprint)
     register_pages(app, settings, limiter)
     return app

@@ -24,10 +24,12 @@ PUBLIC_ENDPOINTS = frozenset(
 # cookie holds only a server-side session's id (gpupool.web_sessions), never the token.
 PAGE_BLUEPRINTS = frozenset({"web", "web_data"})
 PAGE_SESSION_KEY = "sid"
+# The reverse proxy's endpoints (api.sessions) check the proxy's own key instead.
+PROXY_BLUEPRINTS = frozenset({"session_proxy"})
 
 
 def authenticate() -> None:
-    if request.endpoint in PUBLIC_ENDPOINTS or request.endpoint is None:
+    if request.endpoint in PUBLIC_ENDPOINTS or request.endpoint is None or request.blueprint in PROXY_BLUEPRINTS:
         return
     if request.blueprint in PAGE_BLUEPRINTS:
         # Pages decide themselves what a visitor without a session sees (the sign-in page).

@@ -78,7 +78,14 @@ def job_view(job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
         exit_code=job.exit_code,
         exit_signal=job.exit_signal,
         elapsed_s=elapsed,
+        end_reason=job.end_reason,
+        session=_is_session(job),
     ).model_dump(mode="json")
+
+
+def _is_session(job: Job) -> bool:
+    template = app_state().templates.get(job.template)
+    return template is not None and template.session is not None
 
 
 def _json_body() -> dict[str, Any]:

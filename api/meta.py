@@ -58,6 +58,8 @@ def list_templates() -> Response:
                     max_gpus=t.max_gpus,
                     default_gpus=t.default_gpus,
                     params_schema=t.parameter_schema(),
+                    session=t.session is not None,
+                    idle_timeout_min=None if t.session is None else t.session.idle_timeout_min,
                 ).model_dump()
                 for t in app_state().templates.values()
             ]

@@ -15,6 +15,7 @@ from api.schemas import (
     ErrorOut,
     JobList,
     JobOut,
+    SessionOut,
     SubmitOut,
     SubmitRequest,
     TemplateList,
@@ -121,7 +122,7 @@ def _webhook_events() -> dict[str, Any]:
             "id": {"type": "string"},
             "type": {"enum": ["job.started", "job.ended"]},
             "created_at": {"type": "string", "format": "date-time"},
-            "data": {"type": "object", "properties": {"job": {"type": "object", "description": "state, exit_code, exit_signal, elapsed_s, times, gpus; gpu_seconds once billed, else null"}}},
+            "data": {"type": "object", "properties": {"job": {"type": "object", "description": "state, exit_code, exit_signal, elapsed_s, end_reason (why gpupool ended it: an idle session), times, gpus; gpu_seconds once billed, else null"}}},
         },
     }
     answer = {"2XX": {"description": "Received; any other answer, or none within the timeout, is retried with backoff for 24 h"}}
@@ -194,7 +195,7 @@ def _report_schema() -> dict[str, Any]:
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     schemas = _schemas(
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
-        WebhookCreate, WebhookCreated, WebhookList, DeliveryList,
+        WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut,
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
@@ -276,6 +277,13 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                         },
                         **_errors(400, 404, 409, *auth_errors),
                     },
+                }
+            },
+            "/jobs/{job_id}/session": {
+                "get": {
+                    "summary": "A session job's state and a single-use link that opens it in a browser",
+                    "parameters": [job_id],
+                    "responses": {"200": {"description": "The session", "content": _json("SessionOut")}, **_errors(404, *auth_errors)},
                 }
             },
             "/invoices/{period}": {

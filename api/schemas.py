@@ -47,6 +47,12 @@ class SubmitRequest(BaseModel):
         pattern=r"^https?://[!-~]+$",
         description="Also send this job's webhook events (job.started, job.ended) here; the answer carries its callback_secret.",
     )
+    idle_timeout_min: int | None = Field(
+        default=None,
+        ge=1,
+        le=7 * 24 * 60,
+        description="Session templates only: stop the session after this many idle minutes (at most the template's own).",
+    )
 
 
 class JobOut(BaseModel):
@@ -71,6 +77,8 @@ class JobOut(BaseModel):
     exit_code: int | None
     exit_signal: int | None
     elapsed_s: int | None
+    end_reason: str | None = Field(default=None, description="Why gpupool ended the job, when it did (an idle session).")
+    session: bool = Field(default=False, description="A session job: see GET /jobs/<id>/session.")
 
 
 class JobList(BaseModel):
@@ -85,10 +93,23 @@ class TemplateOut(BaseModel):
     max_gpus: int | None
     default_gpus: int
     params_schema: dict[str, Any]
+    session: bool = Field(default=False, description="Its jobs are interactive sessions (GET /jobs/<id>/session).")
+    idle_timeout_min: int | None = Field(default=None, description="A session's idle timeout, in minutes.")
 
 
 class TemplateList(BaseModel):
     templates: list[TemplateOut]
+
+
+class SessionOut(BaseModel):
+    job_id: str
+    state: str = Field(description="starting, ready, idle (no request and no open WebSocket for idle_min minutes) or ended.")
+    url: str = Field(description="The session's own origin; open `link`, not this, to sign in to it.")
+    link: str | None = Field(description="Single-use, short-lived: opening it sets the session's cookie on its origin. Null once ended.")
+    link_expires_in_s: int | None
+    idle_min: int | None
+    idle_timeout_min: int
+    end_reason: str | None
 
 
 class ErrorOut(BaseModel):

@@ -31,9 +31,10 @@ from gpupool.errors import (
     Unauthorized,
     ValidationFailed,
 )
-from gpupool.models import Account, Job
+from gpupool.models import Account, Job, JobSession
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import JobSpec, RenderedJob, render
+from gpupool.sessions import new_session
 from gpupool.slurm import GpuInventory
 from gpupool.tokens import Principal
 from gpupool.webhooks import add_job_callback
@@ -173,11 +174,16 @@ def _spec(app: AppState, job: Job) -> JobSpec:
         runtime=app.settings.container_runtime,
         container_image=job.container_image,
         container_mounts=app.settings.container_mounts,
+        session_ports=app.settings.session_ports if template.session is not None else None,
     )
 
 
 def _forget(app: AppState, session: Session, job: Job) -> None:
     """Drop a job Slurm never took, so its Idempotency-Key can be used again."""
+    record = session.get(JobSession, job.id)
+    if record is not None:
+        session.delete(record)
+        session.flush()
     session.delete(job)
     session.commit()
     try:
@@ -190,7 +196,10 @@ def _forget(app: AppState, session: Session, job: Job) -> None:
 def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob) -> None:
     """Submit a job whose row is already committed, as the account's tenant; record the Slurm job id."""
     try:
-        slurm_job_id = app.slurm.submit(job.account, job.id, rendered.script, rendered.options)
+        record = session.get(JobSession, job.id)
+        slurm_job_id = app.slurm.submit(
+            job.account, job.id, rendered.script, rendered.options, session_secret=None if record is None else record.secret
+        )
     except (CommandTimedOut, SubmissionUncertain) as exc:
         # sbatch may still have reached slurmctld: never guess, look for the tag.
         try:
@@ -241,6 +250,8 @@ def submit(
             f"unknown template {req.template!r}; see GET /templates", allowed=sorted(app.templates)
         )
     params = template.validate_params(req.params)
+    if template.session is None and req.idle_timeout_min is not None:
+        raise ValidationFailed(f"idle_timeout_min applies to session templates only; {req.template!r} is not one")
     gpus = req.gpus if req.gpus is not None else template.default_gpus
     if gpus < template.min_gpus:
         raise ValidationFailed(f"template {req.template!r} needs at least {template.min_gpus} GPU(s)")
@@ -293,6 +304,9 @@ def submit(
     )
     rendered = render(_spec(app, job))
     session.add(job)
+    if template.session is not None:
+        session.flush()  # the job row first: the models declare no relationships to order the inserts
+        session.add(new_session(job.id, template, req.idle_timeout_min))
     if req.callback_url is not None:
         add_job_callback(app.settings, session, job, req.callback_url)
     try:

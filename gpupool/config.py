@@ -29,7 +29,9 @@ CONTAINER_RUNTIMES = ("none", "pyxis", "docker")
 # Secrets systemd hands one unit alone (LoadCredential=NAME:FILE, NAME the field):
 # read from $CREDENTIALS_DIRECTORY/NAME, over the file and the environment, so
 # they never sit in an environment that child processes inherit.
-CREDENTIAL_FIELDS = ("database_url", "billing_database_url", "jwt_secret", "web_session_secret", "ratelimit_storage_uri")
+CREDENTIAL_FIELDS = (
+    "database_url", "billing_database_url", "jwt_secret", "web_session_secret", "ratelimit_storage_uri", "session_proxy_key",
+)
 _PATH_FIELDS = ("templates_dir", "job_root", "runas_socket", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
 
 
@@ -143,6 +145,20 @@ class Settings:
     # The operator report's payback: what a kWh costs, in `currency`, as exact decimal text.
     electricity_price_per_kwh: str = "0"
 
+    # Interactive sessions (gpupool.sessions). Each has its own origin,
+    # <label>.<host of sessions_url>, reached with sessions_url's scheme and port.
+    sessions_url: str = "http://sessions.localhost:8080"
+    # The ports a session's shim may listen on, on its node's cluster address: the
+    # proxy goes nowhere else, so keep every other service of the nodes out of it.
+    session_ports: str = "20000-29999"
+    # Shared with the proxy (nginx sends it to the auth endpoint). Empty: the proxy's endpoints answer 404.
+    session_proxy_key: str = ""
+    session_link_ttl_s: int = 60
+    session_cookie_ttl_s: int = 12 * 3600
+    # How long each worker trusts its last answer for a session cookie (the proxy asks on every request).
+    session_auth_cache_s: float = 5.0
+    session_status_timeout_s: float = 3.0
+
     max_request_bytes: int = 256 * 1024
     # The most one GET /jobs/<id>/logs answer carries, and the most it reads from disk.
     log_read_max_bytes: int = 1024 * 1024
@@ -163,6 +179,11 @@ class Settings:
             )
         if self.jwt_algorithm not in ("HS256", "RS256"):
             raise ConfigError(f"jwt_algorithm must be HS256 or RS256, not {self.jwt_algorithm!r}")
+        low, _, high = self.session_ports.partition("-")
+        if not (low.isdigit() and high.isdigit() and 1024 <= int(low) <= int(high) <= 65535):
+            raise ConfigError(f"session_ports must be a range low-high within 1024-65535, not {self.session_ports!r}")
+        if not re.fullmatch(r"https?://[a-z0-9.-]+(:[0-9]{1,5})?", self.sessions_url):
+            raise ConfigError(f"sessions_url must be http(s)://<domain>[:port] with no path, not {self.sessions_url!r}")
         if self.refresh_interval_s <= 0:
             raise ConfigError("refresh_interval_s must be positive")
         if self.ratelimit_storage_timeout_s <= 0:

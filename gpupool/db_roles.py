@@ -64,6 +64,10 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     "webhook_attempts": {API: APPEND, BILLING: NONE},
     # Hardware costs for the operator report; set with `gpupool node cost set`.
     "node_costs": {API: READ, BILLING: NONE},
+    # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.
+    "job_sessions": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
+    # Single-use links and the cookies they set; expired ones are swept as new ones are made.
+    "session_grants": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
 }
 
 

@@ -14,7 +14,7 @@ anywhere. The helper itself holds only the settings it uses: it starts
 itself again with an environment of those alone, so no JWT secret or database
 password is ever in it.
 
-    submit   write the job's script and its empty logs into its new folder, run sbatch as the tenant on the script's bytes
+    submit   write the job's script and its empty logs (a session's port file and secret too) into its new folder, run sbatch as the tenant on the script's bytes
     cancel   scancel the given jobs (or all of the account's) as the tenant
     discard  remove a job folder whose sbatch Slurm refused
     budget   set the account's Slurm budget (GrpTRESMins=gres/gpu), the billing pass's one write
@@ -59,7 +59,7 @@ from gpupool.errors import (
     TenantError,
 )
 from gpupool.proc import CommandResult, minimal_env, run_command
-from gpupool.render import job_tag, log_path
+from gpupool.render import SESSION_PORT_FILE, SESSION_SECRET_FILE, job_tag, log_path
 from gpupool.tenants import Tenant, ensure_tenant_folder, lookup_tenant, service_gid
 
 log = logging.getLogger("gpupool.runas")
@@ -92,6 +92,8 @@ _VALUE_FORMATS = {
     "--time": re.compile(r"^[1-9][0-9]{0,6}$"),
 }
 _SO_PEERCRED = struct.Struct("3i")
+# gpupool.sessions makes them with secrets.token_urlsafe: nothing else reaches the file.
+_SESSION_SECRET = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
 # How long a connection over runas_max_connections waits for a slot before it is refused.
 BUSY_WAIT_S = 2.0
 
@@ -106,7 +108,9 @@ _HELPER_BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", 
 
 
 class TenantActions(Protocol):
-    def submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult: ...
+    def submit(
+        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, session_secret: str | None = None
+    ) -> CommandResult: ...
 
     def cancel(self, account: str, slurm_job_ids: Sequence[int] | None = None) -> CommandResult: ...
 
@@ -338,13 +342,17 @@ class DirectTenantActions:
              "SLURM_UMASK": JOB_UMASK}
         )
 
-    def submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
+    def submit(
+        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, session_secret: str | None = None
+    ) -> CommandResult:
         job_dir = job_folder(self.settings, account, job_id)
         tenant = self._tenant(account)
         argv_options = check_submit_options(self.settings, list(options), account, job_id)
         data = check_script(script, argv_options)
+        if session_secret is not None and not _SESSION_SECRET.fullmatch(session_secret):
+            raise TenantError("a session secret is 32 to 128 URL-safe characters")
         ensure_tenant_folder(self.settings, tenant, job_id)
-        self._write_service_files(job_dir, data, tenant)
+        self._write_service_files(job_dir, data, tenant, session_secret)
         # On standard input, not by path: the folder is the tenant's, and a tenant's
         # process could swap the file between this check and sbatch's read.
         argv = [self.settings.slurm_bin("sbatch"), "--parsable", *argv_options]
@@ -353,25 +361,31 @@ class DirectTenantActions:
             cwd=str(job_dir),
         )
 
-    def _write_service_files(self, job_dir: Path, script: bytes, tenant: Tenant) -> None:
+    def _write_service_files(self, job_dir: Path, script: bytes, tenant: Tenant, session_secret: str | None) -> None:
         """The job's script, the record of what was submitted, and its two logs, empty.
 
         The only files in the folder the service may read (group service, 0640):
         slurmstepd opens an existing output file as the tenant and truncates it,
         keeping its owner, group and mode, so the logs stay readable to the API
-        while everything else the job writes does not.
+        while everything else the job writes does not. A session job also gets
+        its port file (written by the job, read by the service like a log) and
+        its secret, 0600: the tenant's alone (the service has it in its database).
         """
         group = service_gid(self.settings)
-        files = {SCRIPT_NAME: script}
-        files |= {os.path.basename(log_path(str(job_dir), stream)): b"" for stream in ("stdout", "stderr")}
+        files = {SCRIPT_NAME: (script, 0o640)}
+        files |= {os.path.basename(log_path(str(job_dir), stream)): (b"", 0o640) for stream in ("stdout", "stderr")}
+        if session_secret is not None:
+            files[SESSION_PORT_FILE] = (b"", 0o640)
+            files[SESSION_SECRET_FILE] = (session_secret.encode() + b"\n", 0o600)
         dir_fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            for name, data in files.items():
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dir_fd)
+            for name, (data, mode) in files.items():
+                # Made 0600 first, so the service group never reads a secret before its mode is set.
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
                 with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
                     os.fchown(handle.fileno(), tenant.uid, group)
-                    os.fchmod(handle.fileno(), 0o640)  # whatever the helper's umask
+                    os.fchmod(handle.fileno(), mode)  # whatever the helper's umask
+                    handle.write(data)
         finally:
             os.close(dir_fd)
 
@@ -505,7 +519,12 @@ class _Handler(socketserver.BaseRequestHandler):
             raise TenantError("the request names no account")
         if op == "submit":
             timeout_s = min(float(request["timeout_s"]), self.server.max_timeout_s)
-            result = actions.submit(account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s)
+            secret = request.get("session_secret")
+            if secret is not None and not isinstance(secret, str):
+                raise TenantError("session_secret must be a string")
+            result = actions.submit(
+                account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s, session_secret=secret
+            )
             log.info("sbatch as %s for job %s: %s", account, request["job_id"], result.stdout.strip())
             return _result_payload(result)
         if op == "cancel":
@@ -720,8 +739,12 @@ class RunasClient:
             raise CommandFailed(argv, int(answer.get("returncode") or 1), answer.get("stderr") or "")
         return CommandResult(tuple(argv), int(answer["returncode"]), answer["stdout"], answer["stderr"], 0.0)
 
-    def submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
+    def submit(
+        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, session_secret: str | None = None
+    ) -> CommandResult:
         request = {"op": "submit", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s}
+        if session_secret is not None:
+            request["session_secret"] = session_secret
         return self._result(["sbatch", *options], self._call(request, timeout_s))
 
     def cancel(self, account: str, slurm_job_ids: Sequence[int] | None = None) -> CommandResult:

@@ -348,12 +348,13 @@ class SlurmClient:
 
     # -- jobs ---------------------------------------------------------------------
 
-    def submit(self, account: str, job_id: str, script: str, options: Sequence[str]) -> int:
+    def submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, session_secret: str | None = None) -> int:
         """Submit a rendered script as the account's tenant; options on the command line override its directives."""
         timeout_s = self.settings.slurm_submit_timeout_s
         try:
             result = self._as_tenant(
-                "sbatch", lambda: self.tenants.submit(account, job_id, script, options, timeout_s=timeout_s)
+                "sbatch",
+                lambda: self.tenants.submit(account, job_id, script, options, timeout_s=timeout_s, session_secret=session_secret),
             )
         except CommandFailed as exc:
             # Killed by a signal, sbatch may have been anywhere, waiting for the reply included.

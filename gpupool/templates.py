@@ -79,6 +79,20 @@ def _relative_path(value: str) -> str:
     return value
 
 
+# What a session template's [session] table may say; the default idle timeout when it says none.
+_SESSION_KEYS = {"idle_timeout_min"}
+DEFAULT_IDLE_TIMEOUT_MIN = 30
+MAX_IDLE_TIMEOUT_MIN = 7 * 24 * 60
+
+
+@dataclass(frozen=True)
+class SessionTemplate:
+    """A template whose job serves a web app through gpupool's proxy (gpupool.sessions)."""
+
+    # The operator's idle timeout; a customer may ask for less, never more.
+    idle_timeout_min: int = DEFAULT_IDLE_TIMEOUT_MIN
+
+
 @dataclass(frozen=True)
 class Template:
     name: str
@@ -88,6 +102,7 @@ class Template:
     max_gpus: int | None
     default_gpus: int
     params_model: type[BaseModel]
+    session: SessionTemplate | None = None
     _schema: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -194,6 +209,7 @@ def load_template(folder: Path) -> Template:
         **fields,
     )
     resources = spec.get("resources", {})
+    session = _session_spec(name, spec["session"]) if "session" in spec else None
     min_gpus = int(resources.get("min_gpus", 1))
     max_gpus = resources.get("max_gpus")
     return Template(
@@ -204,7 +220,20 @@ def load_template(folder: Path) -> Template:
         max_gpus=int(max_gpus) if max_gpus is not None else None,
         default_gpus=int(resources.get("default_gpus", min_gpus)),
         params_model=model,
+        session=session,
     )
+
+
+def _session_spec(template: str, table: Any) -> SessionTemplate:
+    if not isinstance(table, dict):
+        raise ConfigError(f"template {template}: [session] must be a table")
+    unknown = set(table) - _SESSION_KEYS
+    if unknown:
+        raise ConfigError(f"template {template}: [session]: unknown key(s) {', '.join(sorted(unknown))}")
+    idle = table.get("idle_timeout_min", DEFAULT_IDLE_TIMEOUT_MIN)
+    if not isinstance(idle, int) or isinstance(idle, bool) or not 1 <= idle <= MAX_IDLE_TIMEOUT_MIN:
+        raise ConfigError(f"template {template}: [session]: idle_timeout_min must be a whole number from 1 to {MAX_IDLE_TIMEOUT_MIN}")
+    return SessionTemplate(idle_timeout_min=idle)
 
 
 def load_templates(directory: str | Path) -> dict[str, Template]:

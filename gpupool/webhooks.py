@@ -206,6 +206,7 @@ def _job_payload(session: Session, job: Job, event_type: str) -> dict[str, Any]:
         "exit_code": job.exit_code,
         "exit_signal": job.exit_signal,
         "elapsed_s": job.elapsed_s,
+        "end_reason": job.end_reason,
         "gpu_seconds": None if gpu_seconds is None else int(gpu_seconds),
     }
 

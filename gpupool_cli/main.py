@@ -26,6 +26,7 @@ from gpupool.slurm import SlurmClient
 from gpupool.tenants import ensure_tenant_folder, ensure_tenant_user
 from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool_cli.report_cmds import add_report_parsers
+from gpupool_cli.session_cmds import add_session_parsers
 from gpupool_cli.token_cmds import add_token_parsers
 from gpupool_cli.webhook_cmds import add_webhook_parsers
 
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_token_parsers(sub, account, _account_name)
     add_webhook_parsers(sub)
     add_report_parsers(sub)
+    add_session_parsers(sub)
 
     runas = sub.add_parser("runas", help="the root helper that submits and cancels as tenants").add_subparsers(
         dest="runas_command", required=True

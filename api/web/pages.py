@@ -20,6 +20,7 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from api import billing as billing_api
 from api import jobs as jobs_api
+from api import sessions as sessions_api
 from api.auth import PAGE_SESSION_KEY, count_unauthenticated, principal_for_token
 from api.context import app_state, calendar_now, db_session, principal
 from api.errors import status_for
@@ -42,8 +43,9 @@ from gpupool.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from gpupool.models import Account, Adjustment, Job, LedgerEntry
+from gpupool.models import Account, Adjustment, Job, JobSession, LedgerEntry
 from gpupool.render import log_path
+from gpupool.sessions import session_view
 from gpupool.web_sessions import end_web_session, start_web_session
 
 web_bp = Blueprint("web", __name__, url_prefix="/ui", template_folder="templates", static_folder="static")
@@ -215,11 +217,41 @@ def job(job_id: str) -> str:
         "web/job.html",
         job=view,
         timeline=_timeline(view),
+        session=_session_of_page(view, row),
         logs=[
             {"stream": "stdout", "text": stdout, "offset": stdout_offset, "problem": stdout_problem},
             {"stream": "stderr", "text": stderr, "offset": stderr_offset, "problem": stderr_problem},
         ],
     )
+
+
+def _session_of_page(view: dict[str, Any], row: Job) -> dict[str, Any] | None:
+    record = db_session().get(JobSession, row.id)
+    if record is None:
+        return None
+    shown = session_view(app_state().settings, row, record, utcnow())
+    shown["open_url"] = url_for("web.open_session", job_id=row.id)
+    return shown
+
+
+@web_bp.get("/jobs/<job_id>/session/open")
+def open_session(job_id: str) -> BaseResponse:
+    """The Open button: a fresh single-use link, followed at once, so the link never sits in the page."""
+    view = sessions_api.get_session(job_id).get_json()  # another account's job is the API's 404
+    if view["link"] is None:
+        raise NotFound(f"the session of job {view['job_id']} has ended")
+    return redirect(view["link"], code=303)
+
+
+@web_bp.get("/sessions/<label>/open")
+def open_session_by_label(label: str) -> BaseResponse:
+    """Where the proxy sends a browser without the session's cookie, once signed in here."""
+    record = db_session().scalars(
+        select(JobSession).join(Job, Job.id == JobSession.job_id).where(JobSession.label == label, Job.account == principal().account)
+    ).one_or_none()
+    if record is None:
+        raise NotFound("no such session in your account")
+    return open_session(record.job_id)
 
 
 @web_data_bp.get("/jobs")

@@ -117,6 +117,7 @@ def submit_body(
     cpus: int | None,
     mem_gb: int | None,
     time_limit_min: int | None,
+    idle_timeout_min: int | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"template": template, "params": dict(params or {})}
     optional = {
@@ -127,6 +128,7 @@ def submit_body(
         "cpus": cpus,
         "mem_gb": mem_gb,
         "time_limit_min": time_limit_min,
+        "idle_timeout_min": idle_timeout_min,
     }
     body.update({key: value for key, value in optional.items() if value is not None})
     return body
@@ -267,3 +269,16 @@ class WaitPacer:
     def next(self) -> float:
         delay, self._next_s = self._next_s, min(self._max_s, self._next_s * 1.5)
         return delay
+
+
+SESSION_OPEN_STATES = ("ready", "idle")
+
+
+def session_is_open(session: dict[str, Any]) -> bool:
+    """True once a session can be opened; raises when it ended first (wait_session's one rule)."""
+    if session["state"] in SESSION_OPEN_STATES:
+        return True
+    if session["state"] == "ended":
+        reason = session.get("end_reason") or "see its job's state"
+        raise GpupoolError(f"session {session['job_id']} ended before it was ready: {reason}", code="session_ended")
+    return False

@@ -28,6 +28,7 @@ from gpupool_client._core import (
     raise_for_answer,
     resolve_settings,
     retryable,
+    session_is_open,
     submit_body,
 )
 from gpupool_client.errors import ConnectionFailed, GpupoolError, RateLimited, ServiceUnavailable, WaitTimeout
@@ -129,10 +130,11 @@ class AsyncClient:
         mem_gb: int | None = None,
         time_limit_min: int | None = None,
         idempotency_key: str | None = None,
+        idle_timeout_min: int | None = None,
     ) -> AsyncJob:
         body = submit_body(
             template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
-            cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min,
+            cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
         )
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         response = await self._request("POST", "/submit", json=body, headers=headers)
@@ -140,6 +142,26 @@ class AsyncClient:
 
     async def job(self, job_id: str) -> AsyncJob:
         return AsyncJob(self, await self._get_job_data(job_id))
+
+    async def session(self, job_id: str) -> dict[str, Any]:
+        return (await self._request("GET", f"/jobs/{job_id}/session")).json()
+
+    async def wait_session(
+        self, job_id: str, timeout: float | None = None, *, poll_s: float = 1.0, max_poll_s: float = 5.0
+    ) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            session = await self.session(job_id)
+            if session_is_open(session):
+                return session
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"session {job_id} was not ready within {timeout:g} s", code="wait_timeout")
+            await asyncio.sleep(poll_s)
+            poll_s = min(max_poll_s, poll_s * 1.5)
+
+    async def start_session(self, template: str, *, timeout: float | None = None, **submit_args: Any) -> dict[str, Any]:
+        job = await self.submit(template, **submit_args)
+        return await self.wait_session(job.id, timeout)
 
     async def cancel(self, job_id: str) -> AsyncJob:
         return AsyncJob(self, (await self._request("DELETE", f"/jobs/{job_id}")).json())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import webbrowser
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,6 +101,38 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         _print_json(job.data)
     print(_describe(job), file=sys.stderr)
     return job_exit_code(job)
+
+
+def cmd_session(client: Client, args: argparse.Namespace) -> int:
+    job = client.submit(
+        args.template, gpus=args.gpus, params=dict(args.param), gpu_type=args.gpu_type, name=args.name,
+        container_image=args.image, time_limit_min=args.time_limit, idle_timeout_min=args.idle_timeout,
+    )
+    print(f"submitted session job {job.id}; waiting for it to be ready", file=sys.stderr)
+    session = client.wait_session(job.id, args.timeout)
+    if args.json:
+        _print_json(session)
+    else:
+        print(session["link"])
+        print(f"single-use, valid {session['link_expires_in_s']} s; `gpupool-client session-link {job.id}` makes another",
+              file=sys.stderr)
+    if args.open:
+        webbrowser.open(session["link"])
+    return 0
+
+
+def cmd_session_link(client: Client, args: argparse.Namespace) -> int:
+    session = client.session(args.job_id)
+    if args.json:
+        _print_json(session)
+        return 0
+    if session["link"] is None:
+        print(f"gpupool-client: session {args.job_id} has ended: {session.get('end_reason') or 'see its job'}", file=sys.stderr)
+        return EXIT_ERROR
+    print(session["link"])
+    if args.open:
+        webbrowser.open(session["link"])
+    return 0
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
@@ -198,6 +231,25 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true", help="wait for the end; exit with the job's exit code")
     submit.add_argument("--follow", action="store_true", help="print the job's output as it runs (implies --wait)")
     submit.set_defaults(handler=cmd_submit)
+
+    session = reader("session", "start an interactive session (jupyter, webapp) and print its single-use link")
+    session.add_argument("template")
+    session.add_argument("--gpus", type=int)
+    session.add_argument("-p", "--param", action="append", type=parse_param, default=[], metavar="KEY=VALUE",
+                         help="template parameter, as for submit (repeatable)")
+    session.add_argument("--gpu-type")
+    session.add_argument("--name")
+    session.add_argument("--image", help="container image")
+    session.add_argument("--time-limit", type=int, metavar="MINUTES")
+    session.add_argument("--idle-timeout", type=int, metavar="MINUTES", help="stop it after this long idle (at most the template's)")
+    session.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+    session.add_argument("--open", action="store_true", help="open the link in the browser")
+    session.set_defaults(handler=cmd_session)
+
+    session_link = reader("session-link", "a new single-use link to a running session")
+    session_link.add_argument("job_id")
+    session_link.add_argument("--open", action="store_true", help="open the link in the browser")
+    session_link.set_defaults(handler=cmd_session_link)
 
     status = reader("status", "show one job")
     status.add_argument("job_id")

@@ -27,6 +27,7 @@ from gpupool_client._core import (
     raise_for_answer,
     resolve_settings,
     retryable,
+    session_is_open,
     submit_body,
 )
 from gpupool_client.errors import (
@@ -142,11 +143,12 @@ class Client:
         mem_gb: int | None = None,
         time_limit_min: int | None = None,
         idempotency_key: str | None = None,
+        idle_timeout_min: int | None = None,
     ) -> Job:
         """Submit a job. Retries never make a second job: each carries the same Idempotency-Key."""
         body = submit_body(
             template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
-            cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min,
+            cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
         )
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         response = self._request("POST", "/submit", json=body, headers=headers)
@@ -154,6 +156,27 @@ class Client:
 
     def job(self, job_id: str) -> Job:
         return Job(self, self._get_job_data(job_id))
+
+    def session(self, job_id: str) -> dict[str, Any]:
+        """A session job's state (starting, ready, idle, ended) and a fresh single-use ``link`` to open it."""
+        return self._request("GET", f"/jobs/{job_id}/session").json()
+
+    def wait_session(self, job_id: str, timeout: float | None = None, *, poll_s: float = 1.0, max_poll_s: float = 5.0) -> dict[str, Any]:
+        """Poll until the session is ready (or idle) and return it with its link; GpupoolError if it ended first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            session = self.session(job_id)
+            if session_is_open(session):
+                return session
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"session {job_id} was not ready within {timeout:g} s", code="wait_timeout")
+            time.sleep(poll_s)
+            poll_s = min(max_poll_s, poll_s * 1.5)
+
+    def start_session(self, template: str, *, timeout: float | None = None, **submit_args: Any) -> dict[str, Any]:
+        """Submit a session template's job, wait until it is ready, and return the session with its link."""
+        job = self.submit(template, **submit_args)
+        return self.wait_session(job.id, timeout)
 
     def cancel(self, job_id: str) -> Job:
         return Job(self, self._request("DELETE", f"/jobs/{job_id}").json())

@@ -27,6 +27,7 @@ fi
 # --- the ports: port, the daemon that may already hold it (from an earlier run), what needs it
 ports=(
   "$api_port - the API (gunicorn; set GPUPOOL_PORT to use another)"
+  "${GPUPOOL_SESSIONS_PORT:-8080} - the sessions' nginx (set GPUPOOL_SESSIONS_PORT to use another)"
   "6817 slurmctld slurmctld"
   "6818 slurmd slurmd"
   "6819 slurmdbd slurmdbd"

@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=${VENV:-.venv}
 port=${GPUPOOL_PORT:-5000}
+sessions_port=${GPUPOOL_SESSIONS_PORT:-8080}
 
 if [ "$(id -u)" -eq 0 ]; then
   as_root=()
@@ -42,6 +43,8 @@ export GPUPOOL_RATELIMIT_STORAGE_URI=${GPUPOOL_RATELIMIT_STORAGE_URI:-memory://}
 export GPUPOOL_JOB_ROOT=${GPUPOOL_JOB_ROOT:-/var/lib/gpupool/jobs}
 export GPUPOOL_SERVICE_USER=$service_user GPUPOOL_SERVICE_GROUP=$service_group
 export GPUPOOL_RUNAS_SOCKET=$socket_dir/runas.sock
+# Sessions get their own origins, <label>.sessions.localhost: browsers resolve *.localhost to 127.0.0.1.
+export GPUPOOL_SESSIONS_URL=${GPUPOOL_SESSIONS_URL:-http://sessions.localhost:$sessions_port}
 gpupool_env=(GPUPOOL_DATABASE_URL GPUPOOL_RATELIMIT_STORAGE_URI GPUPOOL_JOB_ROOT GPUPOOL_SERVICE_USER
              GPUPOOL_SERVICE_GROUP GPUPOOL_RUNAS_SOCKET)
 root_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
@@ -64,6 +67,12 @@ fi
 # The secret reaches gunicorn through its environment, which no tenant can read (another uid).
 GPUPOOL_JWT_SECRET=${GPUPOOL_JWT_SECRET:-$("${as_root[@]}" cat var/jwt-secret)}
 export GPUPOOL_JWT_SECRET
+# nginx's key to the API's session endpoints (api.sessions), in nginx's config and the API's environment.
+if [ ! -s var/session-proxy-key ]; then
+  "${as_service[@]}" sh -c 'umask 077; exec "$0" -c "import secrets; print(secrets.token_urlsafe(32))" > var/session-proxy-key' "$venv/bin/python"
+fi
+GPUPOOL_SESSION_PROXY_KEY=${GPUPOOL_SESSION_PROXY_KEY:-$("${as_root[@]}" cat var/session-proxy-key)}
+export GPUPOOL_SESSION_PROXY_KEY
 # gpupool's settings, the caller's GPUPOOL_* included, and Slurm's config path.
 for name in $(compgen -e); do
   case $name in GPUPOOL_*|SLURM_CONF) as_service+=("$name=${!name}") ;; esac
@@ -88,6 +97,19 @@ token=$("${as_service[@]}" "$venv/bin/gpupool" token create --user demo-user --a
 if [ -z "$("${as_service[@]}" "$venv/bin/gpupool" price list)" ]; then
   "${as_service[@]}" "$venv/bin/gpupool" price set '*' 0.00012 --from 2020-01-01   # every GPU type, per GPU-second
 fi
+# The sessions' nginx, as the service user on a loopback port, with the playbook role's
+# config; and the idle stop, which cancels idle sessions as their tenant.
+if [ -x /usr/sbin/nginx ]; then
+  "${as_service[@]}" sh -c 'mkdir -p var/nginx && "$0" proxy nginx-config --listen "127.0.0.1:$1" \
+      --api-url "http://127.0.0.1:$2" --state-dir "$PWD/var/nginx" > var/nginx/nginx.conf' \
+    "$venv/bin/gpupool" "$sessions_port" "$port"
+  "${as_service[@]}" /usr/sbin/nginx -p "$PWD/var/nginx" -c "$PWD/var/nginx/nginx.conf" >> var/nginx.log 2>&1 &
+  children+=($!)
+else
+  echo "run-demo: /usr/sbin/nginx is missing (apt-get install nginx-light): sessions will not open" >&2
+fi
+"${as_service[@]}" "$venv/bin/gpupool" sessions sweep --every-s 30 >> var/sessions.log 2>&1 &
+children+=($!)
 # What cron or the systemd timer does in production, every minute here.
 "${as_service[@]}" sh -c 'while sleep 60; do "$0" billing run || true; done' "$venv/bin/gpupool" >> var/billing.log 2>&1 &
 children+=($!)
@@ -110,6 +132,14 @@ Submit a job:
 Then follow it (use the job_id from the answer):
   curl -s http://127.0.0.1:$port/jobs/JOB_ID -H "Authorization: Bearer \$TOKEN"
   curl -s http://127.0.0.1:$port/jobs/JOB_ID/logs -H "Authorization: Bearer \$TOKEN"
+
+Start a web app as a session (jupyter: the same with "template": "jupyter", once
+\`jupyter lab\` is on the node's PATH or in an image), then open its "link" once ready:
+  curl -s -X POST http://127.0.0.1:$port/submit -H "Authorization: Bearer \$TOKEN" \\
+       -H 'Content-Type: application/json' \\
+       -d '{"template": "webapp", "params": {"command": "exec python3 -m http.server --bind 127.0.0.1 \"\$GPUPOOL_APP_PORT\""}}'
+  curl -s http://127.0.0.1:$port/jobs/JOB_ID/session -H "Authorization: Bearer \$TOKEN"
+It opens at http://<label>.sessions.localhost:$sessions_port/ (nginx, var/nginx), behind your sign-in.
 
 Billing runs every minute (var/billing.log); then see the month's usage and invoice:
   curl -s http://127.0.0.1:$port/usage -H "Authorization: Bearer \$TOKEN"

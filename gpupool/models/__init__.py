@@ -5,6 +5,7 @@ from gpupool.models.accounts import ACCOUNT_NAME, Account
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
 from gpupool.models.jobs import TERMINAL_STATES, Job, SlurmSync
 from gpupool.models.report import NodeCost
+from gpupool.models.sessions import JobSession, SessionGrant
 from gpupool.models.tokens import IssuedToken
 from gpupool.models.web_sessions import WebSession
 from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
@@ -19,9 +20,11 @@ __all__ = [
     "BillingState",
     "IssuedToken",
     "Job",
+    "JobSession",
     "LedgerEntry",
     "NodeCost",
     "Price",
+    "SessionGrant",
     "SlurmSync",
     "WebSession",
     "WebhookAttempt",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client as httpclient
 import os
 import pwd
 import re
@@ -18,13 +19,14 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 def test_make_run_serves_as_the_service_user_and_runs_demo_jobs_as_the_demo_tenant(tmp_path: Path) -> None:
-    port = free_port()
+    port, sessions_port = free_port(), free_port()
     output = tmp_path / "run-demo.log"
     with open(output, "wb") as log:
         process = subprocess.Popen(
             [str(REPO / "deploy" / "local" / "run-demo.sh")],
             cwd=REPO,
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"), "GPUPOOL_PORT": str(port)},
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": os.environ.get("HOME", "/root"), "GPUPOOL_PORT": str(port),
+                 "GPUPOOL_SESSIONS_PORT": str(sessions_port)},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -57,12 +59,40 @@ def test_make_run_serves_as_the_service_user_and_runs_demo_jobs_as_the_demo_tena
         # The dashboard's address is printed beside the token, and it answers.
         assert f"{url}/ui/" in output.read_text(errors="replace")
         assert http("GET", f"{url}/ui/", timeout_s=10).status == 200
+
+        # A session, as the printed example starts it, through make run's nginx on SQLite.
+        command = 'exec python3 -m http.server --bind 127.0.0.1 "$GPUPOOL_APP_PORT"'
+        started = http("POST", url + "/submit", token=token, body={"template": "webapp", "params": {"command": command}})
+        assert started.status == 201, started.body
+        session_url = f"{url}/jobs/{started.body['job_id']}/session"
+        session = wait_for(
+            lambda: (body := http("GET", session_url, token=token).body)["state"] == "ready" and body,
+            timeout_s=120, what="the session to be ready",
+        )
+        host = session["url"].split("://", 1)[1].rstrip("/")
+        assert host.endswith(f".sessions.localhost:{sessions_port}")
+        status, set_cookie, body = _via_nginx(sessions_port, host, "/" + session["link"].split("/", 3)[3])
+        assert status == 303, (status, body)
+        status, _, body = _via_nginx(sessions_port, host, "/", set_cookie.split(";", 1)[0])
+        assert status == 200 and b"Directory listing" in body, (status, body)
+        http("DELETE", f"{url}/jobs/{started.body['job_id']}", token=token)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def _via_nginx(port: int, host: str, path: str, cookie: str | None = None) -> tuple[int, str, bytes]:
+    """A GET to make run's nginx with the session's host name: status, Set-Cookie, body."""
+    conn = httpclient.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path, headers={"Host": host, **({"Cookie": cookie} if cookie else {})})
+        response = conn.getresponse()
+        return response.status, response.getheader("Set-Cookie", ""), response.read()
+    finally:
+        conn.close()
 
 
 def _answers(url: str) -> bool:

@@ -14,10 +14,10 @@ from gpupool_client import (
     compute_signature,
     verify_signature,
 )
-from gpupool_client._core import LineAssembler, RetryPolicy
+from gpupool_client._core import LineAssembler, RetryPolicy, session_is_open
 from gpupool_client.cli import job_exit_code, parse_param
 from gpupool_client.client import Job
-from gpupool_client.errors import error_from_response
+from gpupool_client.errors import GpupoolError, error_from_response
 
 SECRET = "whsec_test"
 
@@ -86,3 +86,15 @@ def test_a_job_slurm_never_reported_is_done_without_an_end_time() -> None:
     unknown = Job(None, {"job_id": "j", "state": "UNKNOWN", "ended_at": None})  # type: ignore[arg-type]
     running = Job(None, {"job_id": "j", "state": "RUNNING", "ended_at": None})  # type: ignore[arg-type]
     assert unknown.done and not running.done
+
+
+@pytest.mark.parametrize(("state", "opened"), [("starting", False), ("ready", True), ("idle", True)])
+def test_a_session_opens_once_ready_or_idle(state: str, opened: bool) -> None:
+    assert session_is_open({"job_id": "j", "state": state, "end_reason": None}) is opened
+
+
+def test_a_session_that_ended_first_says_why() -> None:
+    with pytest.raises(GpupoolError) as info:
+        session_is_open({"job_id": "j1", "state": "ended", "end_reason": "idle: no request and no open WebSocket for 1 min"})
+    assert info.value.code == "session_ended"
+    assert info.value.message == "session j1 ended before it was ready: idle: no request and no open WebSocket for 1 min"

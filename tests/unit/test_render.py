@@ -29,7 +29,16 @@ from pathlib import Path
 import pytest
 
 from gpupool.errors import ValidationFailed
-from gpupool.render import JobSpec, RenderedJob, gres, log_path, render, sbatch_options
+from gpupool.render import (
+    JobSpec,
+    RenderedJob,
+    gres,
+    log_path,
+    render,
+    sbatch_options,
+    session_shim_source,
+    shell_quote,
+)
 from gpupool.templates import Template
 from tests import golden
 
@@ -196,9 +205,53 @@ def test_golden_options(hello: Template, runtime: str) -> None:
     check_golden(f"hello-{runtime}.options", "".join(opt + "\n" for opt in rendered.options))
 
 
+# Session templates, as the README's examples run them: golden name -> template, params, pyxis image (None: on the host).
+SESSION_GOLDENS: dict[str, tuple[str, dict[str, str], str | None]] = {
+    "jupyter-none": ("jupyter", {}, None),
+    "jupyter-pyxis": ("jupyter", {}, IMAGE),
+    "webapp-none": ("webapp", {"command": 'exec python3 -m http.server --bind 127.0.0.1 "$GPUPOOL_APP_PORT"'}, None),
+    "webapp-comfyui-pyxis": (
+        "webapp",
+        {"command": 'cd /opt/ComfyUI && exec python main.py --listen 127.0.0.1 --port "$GPUPOOL_APP_PORT"'},
+        "ghcr.io#ai-dock/comfyui:latest",
+    ),
+    "webapp-sdwebui-pyxis": (
+        "webapp",
+        {"command": 'cd /opt/stable-diffusion-webui && exec ./webui.sh --server-name 127.0.0.1 --port "$GPUPOOL_APP_PORT"'},
+        "ghcr.io#ai-dock/stable-diffusion-webui:latest",
+    ),
+}
+SESSION_PORTS = "20000-29999"
+
+
+@pytest.mark.parametrize("golden_name", sorted(SESSION_GOLDENS))
+def test_golden_session_script(shipped_templates: dict[str, Template], golden_name: str) -> None:
+    name, params, image = SESSION_GOLDENS[golden_name]
+    template = shipped_templates[name]
+    spec = make_spec(
+        template, "none" if image is None else "pyxis", template=name, params=template.validate_params(params),
+        session_ports=SESSION_PORTS, container_image=image,
+    )
+    rendered = render(spec)
+    check_golden(f"{golden_name}.sbatch", rendered.script)
+    # The shim travels inside the script, byte for byte, and the secret never does.
+    assert session_shim_source() in rendered.script
+    assert "secret" not in "".join(line for line in rendered.script.splitlines() if line.startswith("export "))
+
+
 def test_goldens_have_no_strays() -> None:
     expected = {f"hello-{runtime}.{ext}" for runtime in RUNTIMES for ext in ("sbatch", "options")}
+    expected |= {f"{name}.sbatch" for name in SESSION_GOLDENS}
     assert {path.name for path in GOLDEN_DIR.iterdir()} == expected
+
+
+@pytest.mark.parametrize("value", ["x\n#SBATCH --account=evil", "$(touch /tmp/pwned)", "'; exit 3; '"])
+def test_hostile_session_command_creates_no_sbatch_directive(shipped_templates: dict[str, Template], value: str) -> None:
+    template = shipped_templates["webapp"]
+    spec = make_spec(template, template="webapp", params=template.validate_params({"command": value}), session_ports=SESSION_PORTS)
+    rendered = render(spec)
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+    assert f"export GPUPOOL_PARAM_COMMAND={shell_quote(value)}" in rendered.script
 
 
 # --- option order and shape ------------------------------------------------------------

@@ -27,11 +27,11 @@ def errors_of(template: Template, raw: dict[str, Any]) -> list[dict[str, str]]:
     return info.value.details["errors"]
 
 
-# --- the three shipped templates -------------------------------------------------------
+# --- the shipped templates ------------------------------------------------------------
 
 
 def test_shipped_templates_load(shipped_templates: dict[str, Template]) -> None:
-    assert list(shipped_templates) == ["hello", "inference", "train"]
+    assert list(shipped_templates) == ["hello", "inference", "jupyter", "train", "webapp"]
     for name, template in shipped_templates.items():
         assert template.name == name
         assert template.body == (SHIPPED_TEMPLATES / name / "run.sh").read_text()
@@ -40,7 +40,7 @@ def test_shipped_templates_load(shipped_templates: dict[str, Template]) -> None:
 
 @pytest.mark.parametrize(
     ("name", "min_gpus", "max_gpus", "default_gpus"),
-    [("hello", 1, None, 1), ("inference", 1, 1, 1), ("train", 1, None, 2)],
+    [("hello", 1, None, 1), ("inference", 1, 1, 1), ("train", 1, None, 2), ("jupyter", 1, None, 1), ("webapp", 1, None, 1)],
 )
 def test_gpu_bounds(shipped_templates: dict[str, Template], name: str, min_gpus: int, max_gpus: int | None, default_gpus: int) -> None:
     template = shipped_templates[name]
@@ -265,6 +265,10 @@ def test_choices(tmp_path: Path, kind: str, choices: str, default: str, other: A
         ('[params.p]\ntype = "path"\ndefault = "../x"\n', "default '../x' must be a relative path in normal form: it has a '..' segment"),
         ('[params.p]\ntype = "path"\ndefault = 3\n', "a path's default must be a string"),
         ("[params.x\n", "is not valid TOML"),
+        ("[session]\nidle_timeout_min = 0\n", "idle_timeout_min must be a whole number from 1"),
+        ("[session]\nidle_timeout_min = true\n", "idle_timeout_min must be a whole number from 1"),
+        ('[session]\nport = 8080\n', "[session]: unknown key(s) port"),
+        ('session = "yes"\n', "[session] must be a table"),
     ],
 )
 def test_bad_template_toml(tmp_path: Path, toml: str, fragment: str) -> None:
@@ -307,6 +311,8 @@ MINIMAL_PARAMS: dict[str, dict[str, Any]] = {
     "hello": {},
     "inference": {"model": "m", "input": "x"},
     "train": {"data_dir": "/data/set1"},
+    "jupyter": {},
+    "webapp": {"command": "x"},
 }
 TRAVERSALS = [
     "../x",
@@ -350,6 +356,7 @@ def test_every_shipped_template_is_walked() -> None:
     assert MINIMAL_PARAMS.keys() == _LOADED.keys()
     assert sorted(STRING_PARAMS) == [
         ("hello", "message"), ("inference", "input"), ("inference", "model"), ("train", "data_dir"), ("train", "script"),
+        ("webapp", "command"),
     ]
     paths = sorted((t, p) for t, p in STRING_PARAMS if is_path_param(_LOADED[t], p))
     assert paths == [("inference", "model"), ("train", "script")]
