@@ -325,10 +325,38 @@ def test_billing_runs_every_five_minutes_as_its_own_user(rendered: Rendered) -> 
 
 
 def test_no_unit_runs_as_root(rendered: Rendered) -> None:
-    for unit in ("gpupool-api.service", "gpupool-billing.service"):
+    for unit in ("gpupool-api.service", "gpupool-billing.service", "gpupool-sessions-sweep.service"):
         text = rendered.text("ctl1", f"etc/systemd/system/{unit}")
         assert not re.search(r"^(User|Group)=(root|0)\s*$", text, re.MULTILINE), unit
         assert unit_settings(text)["Service"]["NoNewPrivileges"] == ["yes"], unit
+
+
+def test_idle_sweep_runs_every_minute_as_the_api_user_with_only_the_database(rendered: Rendered) -> None:
+    service = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-sessions-sweep.service"))
+    # The API's user: its group reaches the run-as helper (scancel as the tenant), its role reads the secrets.
+    assert service["Service"]["User"] == service["Service"]["Group"] == ["gpupool"]
+    assert service["Service"]["Type"] == ["oneshot"]
+    assert service["Service"]["ExecStart"] == ["/opt/gpupool/venv/bin/gpupool sessions sweep"]
+    assert service["Unit"]["Requires"] == ["gpupool-runas.service"]
+    assert service["Service"]["ProtectProc"] == ["invisible"]
+    assert service["Service"]["LoadCredential"] == [
+        f"database_url:{rendered.path('ctl1', 'etc/gpupool/credentials/api/database_url')}",
+    ]
+    timer = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-sessions-sweep.timer"))
+    assert timer["Timer"]["OnUnitActiveSec"] == ["60s"] and timer["Timer"]["OnBootSec"] == ["60s"]
+    assert timer["Timer"]["Unit"] == ["gpupool-sessions-sweep.service"]
+    assert timer["Install"]["WantedBy"] == ["timers.target"]
+
+
+def test_api_holds_the_sessions_proxy_key_as_a_credential_not_in_its_environment(rendered: Rendered) -> None:
+    credentials = rendered.path("ctl1", "etc/gpupool/credentials")
+    drop_in = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-api.service.d/sessions.conf"))
+    assert drop_in["Service"]["LoadCredential"] == [f"session_proxy_key:{credentials / 'api' / 'session_proxy_key'}"]
+    key_file = credentials / "api" / "session_proxy_key"
+    assert key_file.read_text() == "render-proxy-key-not-for-use-0123456789"
+    assert key_file.stat().st_uid == 0 and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    environment = rendered.text("ctl1", "etc/gpupool/gpupool.env")
+    assert "render-proxy-key" not in environment and "SESSION_PROXY_KEY" not in environment
 
 
 def test_runas_helper_is_root_with_only_the_capabilities_it_needs(rendered: Rendered) -> None:
