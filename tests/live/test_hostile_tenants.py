@@ -281,7 +281,12 @@ def test_the_same_script_without_the_planted_line_is_submitted(strict_helper: st
     try:
         result = client.submit(slurm_account, job_id, with_directive(job.script, "# no directive"), list(job.options), timeout_s=10)
         slurm_job_id = int(result.stdout.strip().split(";")[0])
-        record = wait_for(lambda: sacct_row(slurm_job_id, "Account,Comment,User"), what="the job's accounting record")
+        # slurmdbd may record a pending job before its comment arrives: wait for the comment too.
+        def recorded() -> dict[str, str] | None:
+            row = sacct_row(slurm_job_id, "Account,Comment,User")
+            return row if row and row.get("Comment") else None
+
+        record = wait_for(recorded, what="the job's accounting record with its comment")
         assert record == {"Account": slurm_account, "Comment": f"gpupool:{job_id}", "User": TENANT_PREFIX + slurm_account}
     finally:
         cancel_account_jobs(slurm_account)
