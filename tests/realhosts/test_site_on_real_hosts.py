@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.services import wait_for
+
 from .conftest import INVENTORY, Cluster, PlaybookRun, Server, boot
 
 pytestmark = pytest.mark.realhosts
@@ -53,18 +55,6 @@ def curl(token: str, method: str, path: str, body: dict[str, Any] | None = None)
     assert result.returncode == 0, f"curl {method} {path}: {result.stderr}"
     text, _, code = result.stdout.rpartition("\n")
     return int(code), text
-
-
-def wait_for(what: str, check: Any, timeout_s: float, every_s: float = 5) -> Any:
-    """check() until it answers something true; the last answer goes into the failure."""
-    deadline = time.monotonic() + timeout_s
-    answer = None
-    while time.monotonic() < deadline:
-        answer = check()
-        if answer:
-            return answer
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not so after {timeout_s:.0f} s (last answer {answer!r})")
 
 
 def job_state(token: str, job_id: str) -> dict[str, Any]:
@@ -129,13 +119,13 @@ def api_job(cluster: Cluster, token: str) -> dict[str, Any]:
                       {"template": "hello", "gpus": 1, "params": {"message": message, "seconds": 40}})
     assert code == 201, text
     job = json.loads(text)
-    running = wait_for("the job runs", lambda: (s := job_state(token, job["job_id"]))["state"] == "RUNNING" and s,
-                       timeout_s=300)
+    running = wait_for(lambda: (s := job_state(token, job["job_id"]))["state"] == "RUNNING" and s,
+                       timeout_s=300, interval_s=5, what="the job to run")
     node = cluster.servers[running["node"]]
     owners = node.out("ps -o user= -C sleep || true").split()
     assert owners == [TENANT], f"on {node.name}, sleep runs as {owners}"
-    done = wait_for("the job ends", lambda: (s := job_state(token, job["job_id"]))["state"] not in
-                    ("PENDING", "RUNNING") and s, timeout_s=300)
+    done = wait_for(lambda: (s := job_state(token, job["job_id"]))["state"] not in ("PENDING", "RUNNING") and s,
+                    timeout_s=300, interval_s=5, what="the job to end")
     return {"job": done, "message": message}
 
 
@@ -173,7 +163,7 @@ def test_the_billing_timer_bills_the_job_exactly(cluster: Cluster, token: str, a
         return total if total == expected else None
 
     # Nobody runs `gpupool billing run` here: only the timer can bill it.
-    assert wait_for("the timer bills the job", billed, timeout_s=240, every_s=10) == expected
+    assert wait_for(billed, timeout_s=240, interval_s=10, what="the timer to bill the job") == expected
     # systemd's own record: the timer started the pass, and it succeeded.
     shown = cluster.head.out("systemctl show -p Result -p ExecMainExitTimestamp gpupool-billing.service")
     assert "Result=success" in shown.splitlines() and "ExecMainExitTimestamp=\n" not in shown + "\n", shown
@@ -227,7 +217,7 @@ def test_a_driver_upgrade_reboots_gpu_nodes_one_at_a_time_without_killing_a_job(
         f"cd /tmp && setpriv --reuid={TENANT} --regid={TENANT} --init-groups -- sbatch --parsable -A {ACCOUNT}"
         f" -w gpu02 --gres=gpu:1 -t 120 --chdir=/tmp -o /dev/null"
         f" --wrap 'until [ -e {release} ]; do sleep 2; done'").split(";")[0]
-    wait_for("the job runs", lambda: sacct(head, slurm_job_id, "State") == [["RUNNING"]], timeout_s=300)
+    wait_for(lambda: sacct(head, slurm_job_id, "State") == [["RUNNING"]], timeout_s=300, interval_s=5, what="the job to run")
 
     upgrade = cluster.playbook_start("-e", "nvidia_driver_upgrade=true", label="driver-upgrade")
     seen: list[dict[str, str]] = []
