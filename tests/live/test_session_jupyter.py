@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # Fixtures of the modules next door: headless Chromium, and the API with nginx in front.
 browser = test_browser.browser
 api_and_proxy = test_sessions.api_and_proxy
+queue_of_its_own = test_sessions.queue_of_its_own
 
 JUPYTER_VENV = Path("/var/tmp/gpupool-test-jupyterlab")
 # Runs in JupyterLab's page: a kernel, and one execute_request over the kernel's WebSocket.

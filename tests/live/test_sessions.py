@@ -38,7 +38,7 @@ from gpupool.sessions import COOKIE_NAME, node_address, shim_status
 from tests.conftest import recorded_token, sacct_row, wait_for
 from tests.live.conftest import Server, http
 from tests.support.http import as_service_user_argv, free_port
-from tests.support.services import TENANT_PREFIX
+from tests.support.services import TENANT_PREFIX, cancel_account_jobs, slurm_cmd
 from tests.support.tenancy import ensure_service_user
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -189,6 +189,29 @@ def app_dir() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def queue_of_its_own(slurm_account: str, tenant_b: str) -> Iterator[None]:
+    """Each test starts with both accounts' queues empty and leaves them so.
+
+    slurm_account lives for the whole pytest session and the local cluster has
+    four GPUs: a session an earlier test left running (webapp's time limit is an
+    hour) would keep this test's session pending, not ready.
+    """
+    for name in (slurm_account, tenant_b):
+        cancel_account_jobs(name, timeout_s=120)
+    yield
+    for name in (slurm_account, tenant_b):
+        cancel_account_jobs(name, timeout_s=120)
+
+
+def queue_report() -> str:
+    """What Slurm says about every job and node, for a failure message."""
+    return "\n".join([
+        slurm_cmd("squeue", "-a", "-o", "%i %a %T %r %b %N", check=False),
+        slurm_cmd("sinfo", "-N", "-o", "%N %T %G %E", check=False),
+    ])
+
+
 @pytest.fixture
 def session_templates_dir() -> str | None:
     """The server's templates: the shipped ones (a module may give its own)."""
@@ -249,7 +272,10 @@ def start_session(server: Server, token: str, app_dir: Path, **extra: object) ->
         assert session["state"] in ("starting", "ready"), session
         return session if session["state"] == "ready" else None
 
-    return wait_for(ready, timeout_s=180, interval_s=1, what="the session to be ready")
+    try:
+        return wait_for(ready, timeout_s=180, interval_s=1, what="the session to be ready")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{queue_report()}") from exc
 
 
 def path_of(link: str) -> str:
@@ -403,10 +429,10 @@ def test_idle_session_is_cancelled_and_billed_for_its_run(
     # The customer's command: submits, waits until the session is ready, prints its link.
     started = subprocess.run(
         [str(GPUPOOL_CLIENT), "--url", server.url, "--token", token, "session", "webapp", "--gpus", "1", "--idle-timeout", "1",
-         "-p", f"command=exec python3 {app_dir / 'app.py'}", "--json"],
+         "-p", f"command=exec python3 {app_dir / 'app.py'}", "--json", "--timeout", "180"],
         capture_output=True, text=True, timeout=240, check=False, env={"PATH": "/usr/bin:/bin"},
     )
-    assert started.returncode == 0, started.stderr
+    assert started.returncode == 0, f"{started.stderr}\n{queue_report()}"
     session = json.loads(started.stdout)
     assert session["state"] == "ready" and session["idle_timeout_min"] == 1, session
     assert session["link"].startswith(f"http://{label_of(session)}.{proxy.domain}:{proxy.port}/.gpupool/open?link=")
