@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 include deploy/cluster.mk
 
-.PHONY: venv venv-test preflight services run test test-calendar test-freshhost test-multinode test-realhosts test-unit lint bench clean
+.PHONY: venv venv-test preflight services run test test-calendar test-freshhost test-multinode test-realhosts test-unit docs lint bench clean
 
 # What running gpupool needs (gpupool, ansible-core); venv-test adds the test
 # tools (dev extras, the client, chromium and its driver).
@@ -74,6 +74,10 @@ test-realhosts: venv-test
 	$(SUDO) deploy/realhosts/hosts.sh clean
 	status=0; $(SUDO) $(VENV)/bin/pytest -m realhosts tests/realhosts -s $(PYTEST_ARGS) || status=$$?; \
 		$(SUDO) deploy/realhosts/hosts.sh clean; exit $$status
+
+# The documentation site (mkdocs.yml, docs/) into site/; a warning is an error.
+docs: venv-test
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Pure tests only: no cluster, no database.
 test-unit: venv-test

@@ -18,6 +18,7 @@ from api.admin import admin_bp
 from api.auth import authenticate, rate_limit_key
 from api.billing import billing_bp
 from api.context import AppState, TimedCache, close_db_session
+from api.docs_page import docs_bp
 from api.errors import register_error_handlers
 from api.jobs import jobs_bp, submit_bp
 from api.meta import meta_bp, templates_bp
@@ -110,6 +111,7 @@ def create_app(
     # Submits have their own budget; other requests share the default one.
     limiter.limit(lambda: settings.ratelimit_submit)(submit_bp)
     limiter.exempt(meta_bp)
+    limiter.exempt(docs_bp)  # the reference and its static files, like /openapi.json
     limiter.exempt(metrics_bp)  # monitoring must not depend on the rate-limit store
     # nginx asks on every proxied request; it authenticates with its key, and caching bounds the cost.
     limiter.exempt(session_proxy_bp)
@@ -121,7 +123,7 @@ def create_app(
         raise ConfigError(f"ratelimit_unauthenticated: {exc}") from exc
 
     for blueprint in (
-        meta_bp, templates_bp, submit_bp, jobs_bp, billing_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp
+        meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp
     ):
         app.register_blueprint(blueprint)
     register_pages(app, settings, limiter)

@@ -18,7 +18,8 @@ from gpupool.web_sessions import read_web_session
 # /metrics is guarded by the caller's address instead (api.metrics).
 # "/" redirects to the pages; their stylesheet and scripts hold nothing private.
 PUBLIC_ENDPOINTS = frozenset(
-    {"meta.healthz", "meta.readyz", "meta.openapi", "metrics.metrics", "web_root", "web.static"}
+    {"meta.healthz", "meta.readyz", "meta.openapi", "metrics.metrics", "web_root", "web.static",
+     "docs.reference", "docs.init_script", "docs.asset"}
 )
 # The web pages (api.web) authenticate with their session cookie, never a header; the
 # cookie holds only a server-side session's id (gpupool.web_sessions), never the token.

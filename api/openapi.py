@@ -330,6 +330,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
             "/healthz": {"get": {"summary": "The process is up", "security": [], "responses": {"200": {"description": "Up"}}}},
             "/readyz": {"get": {"summary": "Slurm and the database answer", "security": [], "responses": {"200": {"description": "Ready"}, **_errors(503)}}},
             "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+            "/docs": {"get": {"summary": "This document, rendered by Swagger UI", "security": [], "responses": {"200": {"description": "An HTML page"}}}},
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics; only from the addresses in metrics_allow_cidrs (404 elsewhere)",

@@ -1182,11 +1182,11 @@ def test_a_forgotten_inventory_provisions_no_host(repo_root: Path) -> None:
     assert re.findall(r"hosts \((\d+)\)", completed.stdout) and set(re.findall(r"hosts \((\d+)\)", completed.stdout)) == {"0"}, completed.stdout
 
 
-def test_readme_port_list_names_every_port_of_the_firewall(repo_root: Path) -> None:
+def test_operator_guide_port_list_names_every_port_of_the_firewall(repo_root: Path) -> None:
     defaults = yaml.safe_load(repo_root.joinpath(*ANSIBLE_DIR_PARTS, "roles", "firewall", "defaults", "main.yml").read_text())
-    readme = (repo_root / "README.md").read_text()
-    section = readme[readme.index("### Ports and the host firewall"):]
-    section = section[:section.index("\n### ", 4)]
+    guide = (repo_root / "docs" / "operator-guide.md").read_text()
+    section = guide[guide.index("## Ports and the host firewall"):]
+    section = section[:section.index("\n## ", 4)]
     for entry in defaults["firewall_port_list"]:
         assert f"| {entry['service']} |" in section, entry["service"]
 

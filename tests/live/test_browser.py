@@ -4,7 +4,7 @@ A customer signs in, submits from the form, watches the job complete, reads
 the usage chart and downloads the invoice; an admin reads the report. Every
 page is checked for console errors, which is also how a CSP violation shows.
 Screenshots go to the test's tmp folder; with GPUPOOL_DOCS_SCREENSHOTS=1 the
-usage page and the report are also written to docs/ for the README.
+usage page and the report are also written to docs/ for the documentation site.
 """
 
 from __future__ import annotations
