@@ -17,7 +17,8 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from api.admin import admin_bp
 from api.auth import authenticate, rate_limit_key
 from api.billing import billing_bp
-from api.context import AppState, TimedCache, close_db_session
+from api.caches import ExpiringCache, TimedCache
+from api.context import AppState, close_db_session
 from api.docs_page import docs_bp
 from api.errors import register_error_handlers
 from api.jobs import jobs_bp, submit_bp
@@ -30,9 +31,8 @@ from gpupool.clock import Clock, system_clock
 from gpupool.config import Settings, load_settings
 from gpupool.db import ensure_migrated, make_engine, make_session_factory
 from gpupool.errors import ConfigError
-from gpupool.expiring_cache import ExpiringCache
 from gpupool.jobstate import JobStateRefresher
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool.templates import load_templates
 from gpupool.tokens import verification_key
 

@@ -3,58 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 from flask import current_app, g
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.caches import ExpiringCache, TimedCache
 from gpupool.clock import Clock
 from gpupool.config import Settings
-from gpupool.errors import SlurmUnavailable
-from gpupool.expiring_cache import ExpiringCache
 from gpupool.jobstate import JobStateRefresher
-from gpupool.slurm import GpuInventory, SlurmClient
+from gpupool.slurm.client import GpuInventory, SlurmClient
 from gpupool.templates import Template
 from gpupool.tokens import Principal, TokenStanding
-
-T = TypeVar("T")
-
-
-class TimedCache(Generic[T]):
-    """``fetch``'s last value for ``ttl_s``, its last SlurmUnavailable for ``error_ttl_s``, per process.
-
-    With ``keep_stale``, a failed refresh serves the last good value instead:
-    better a minute-old cluster shape than refusing every submit while Slurm blinks.
-    """
-
-    def __init__(self, fetch: Callable[[], T], ttl_s: float, *, error_ttl_s: float = 0.0, keep_stale: bool = False) -> None:
-        self._fetch = fetch
-        self._ttl_s = ttl_s
-        self._error_ttl_s = error_ttl_s
-        self._keep_stale = keep_stale
-        self._lock = threading.Lock()
-        self._value: T | None = None
-        self._error: SlurmUnavailable | None = None
-        self._read_at = -float("inf")
-
-    def get(self) -> T:
-        with self._lock:
-            ttl = self._error_ttl_s if self._error is not None else self._ttl_s
-            if time.monotonic() - self._read_at >= ttl:
-                try:
-                    self._value, self._error = self._fetch(), None
-                except SlurmUnavailable as exc:
-                    if not (self._keep_stale and self._value is not None):
-                        self._value, self._error = None, exc
-                self._read_at = time.monotonic()
-            if self._error is not None:
-                raise self._error
-            assert self._value is not None
-            return self._value
 
 
 @dataclass

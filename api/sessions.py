@@ -17,11 +17,11 @@ import hmac
 from flask import Blueprint, Response, current_app, jsonify, redirect, request
 from werkzeug.wrappers import Response as BaseResponse
 
+from api.caches import ExpiringCache
 from api.context import app_state, db_session, principal
 from api.jobs import _refresh_if_unfinished, _visible_job
 from gpupool.db import utcnow
 from gpupool.errors import NotFound
-from gpupool.expiring_cache import ExpiringCache
 from gpupool.models import Job, JobSession
 from gpupool.sessions import COOKIE_NAME, ENDED, Upstream, authorize, issue_link, note_ready, redeem_link, session_view
 

@@ -35,7 +35,7 @@ from gpupool.models import Account, Job, JobSession
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import JobSpec, RenderedJob, render
 from gpupool.sessions import new_session
-from gpupool.slurm import GpuInventory
+from gpupool.slurm.client import GpuInventory
 from gpupool.tokens import Principal
 from gpupool.webhooks import add_job_callback
 

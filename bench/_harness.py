@@ -17,7 +17,7 @@ from typing import Any
 from gpupool import db
 from gpupool.config import load_settings
 from gpupool.proc import run_command
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import issue_token
 from tests.support.http import as_service_user_argv, counting_bin_dir, free_port, http
 from tests.support.services import add_account_row, create_database, drop_database, throwaway_slurm_account

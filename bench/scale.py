@@ -47,7 +47,7 @@ from gpupool import db  # noqa: E402
 from gpupool.config import load_settings  # noqa: E402
 from gpupool.jobstate import JobStateRefresher  # noqa: E402
 from gpupool.proc import minimal_env, run_command  # noqa: E402
-from gpupool.slurm import _QUEUE_FORMAT, SlurmClient  # noqa: E402
+from gpupool.slurm.client import _QUEUE_FORMAT, SlurmClient  # noqa: E402
 from tests.support.services import add_account_row, throwaway_slurm_account  # noqa: E402
 
 JOBS = 10_000

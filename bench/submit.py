@@ -45,8 +45,8 @@ from gpupool.config import load_settings  # noqa: E402
 from gpupool.models import Account  # noqa: E402
 from gpupool.proc import minimal_env, run_command  # noqa: E402
 from gpupool.render import JobSpec, RenderedJob, render  # noqa: E402
+from gpupool.slurm.tenants import Tenant, ensure_tenant_folder, lookup_tenant  # noqa: E402
 from gpupool.templates import load_templates  # noqa: E402
-from gpupool.tenants import Tenant, ensure_tenant_folder, lookup_tenant  # noqa: E402
 
 ROUNDS = 60
 CONCURRENCY = 8

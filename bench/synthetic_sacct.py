@@ -60,7 +60,7 @@ def _utc(moment: dt.datetime | None) -> str:
     return "None" if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-# The shape of the billing pass's own delimiter (gpupool.slurm_parse.unpredictable_delimiter), fixed
+# The shape of the billing pass's own delimiter (gpupool.slurm.parse.unpredictable_delimiter), fixed
 # here: under "|" the names with a newline below would refuse the dump (billing.sacct).
 PASS_DELIMITER = "|5f2a9c7e01bd|"
 

@@ -33,7 +33,7 @@ from billing.prices import load_prices
 from gpupool.db import utcnow
 from gpupool.errors import GpupoolError, PriceMissing
 from gpupool.models import Account
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 
 log = logging.getLogger("gpupool.billing")
 

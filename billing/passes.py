@@ -34,8 +34,8 @@ from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
 from gpupool.models import Account, BillingPass, BillingState, Job, LedgerEntry
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import ParseError, unpredictable_delimiter
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import ParseError, unpredictable_delimiter
 
 log = logging.getLogger("gpupool.billing")
 

@@ -37,9 +37,9 @@ from billing.money import format_cents, format_nanos, parse_nanos, round_to_cent
 from gpupool.config import Settings
 from gpupool.errors import BadRequest
 from gpupool.models import Adjustment, LedgerEntry, NodeCost
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import UNTYPED_GPU
-from gpupool.slurm_report import Allocation, NodeEvent, NodeGpus, PendingJob
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import UNTYPED_GPU
+from gpupool.slurm.report import Allocation, NodeEvent, NodeGpuCapacity, PendingJob
 
 # An average Gregorian month (365.2425 days / 12): "per month" rates use it.
 AVERAGE_MONTH_S = 2_629_746
@@ -332,7 +332,7 @@ class Cell:
 
 
 def utilization_cells(
-    nodes: Sequence[NodeGpus],
+    nodes: Sequence[NodeGpuCapacity],
     allocations: Iterable[Allocation],
     events: Sequence[NodeEvent],
     since: dt.datetime,

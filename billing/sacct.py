@@ -4,7 +4,7 @@ A billing pass asks for exactly ``SACCT_FIELDS``; replays accept any
 ``sacct --parsable2`` output whose header names at least ``REQUIRED_FIELDS``
 and ``ElapsedRaw`` or ``Elapsed``, or header-less output whose fields are named
 by the caller (``XDMOD_FIELDS`` for Open XDMoD's export). Field names are
-sacct's, in any case. The field parsers are ``gpupool.slurm_parse``'s, whose
+sacct's, in any case. The field parsers are ``gpupool.slurm.parse``'s, whose
 docstring maps every parser of Slurm's text.
 
 ``JobName`` is a tenant's free text, printed as it is, so it must be the last
@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from gpupool.slurm_parse import (
+from gpupool.slurm.parse import (
     ParseError,
     base_state,
     gpus_by_type,
@@ -121,7 +121,7 @@ class DumpRefused(ParseError):
 
 @dataclass(frozen=True)
 class Tenancy:
-    """Which Unix user runs which account's jobs: gpupool's tenants (``gpupool.tenants``).
+    """Which Unix user runs which account's jobs: gpupool's tenants (``gpupool.slurm.tenants``).
 
     ``users`` maps each account that has a tenant user to that user; any user
     named ``<prefix><account>`` is taken for that account's tenant too, since

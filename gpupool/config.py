@@ -41,7 +41,7 @@ class Settings:
     # The billing commands connect here (empty: database_url), as a role that may only add ledger rows.
     billing_database_url: str = ""
     # PostgreSQL roles of the API and of billing: `gpupool db upgrade` grants them
-    # exactly gpupool.db_roles.TABLE_ACCESS. Empty: no separate roles, nothing granted.
+    # exactly gpupool.db.roles.TABLE_ACCESS. Empty: no separate roles, nothing granted.
     database_api_role: str = ""
     database_billing_role: str = ""
 
@@ -74,7 +74,7 @@ class Settings:
     slurm_bin_dir: str = "/usr/bin"
     slurm_partition: str = "gpu"
     # The Unix user the API and billing run as. It submits nothing itself: every
-    # job runs as its account's tenant user, through the run-as helper (gpupool.runas).
+    # job runs as its account's tenant user, through the run-as helper (gpupool.slurm.runas).
     service_user: str = field(default_factory=getpass.getuser)
     # Job folders belong to the tenant and this group, so the service can read logs.
     service_group: str = field(default_factory=lambda: grp.getgrgid(os.getgid()).gr_name)

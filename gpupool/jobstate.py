@@ -32,7 +32,7 @@ from gpupool.metrics import REFRESH_PASSES, REFRESH_SECONDS
 from gpupool.models import TERMINAL_STATES, Job, SlurmSync
 from gpupool.models.jobs import SUBMITTING, UNKNOWN
 from gpupool.render import TAG_PREFIX, job_tag
-from gpupool.slurm import AccountingEntry, QueueEntry, SlurmClient
+from gpupool.slurm.client import AccountingEntry, QueueEntry, SlurmClient
 from gpupool.webhooks import JobEvents
 
 log = logging.getLogger("gpupool.jobstate")

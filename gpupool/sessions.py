@@ -36,7 +36,7 @@ from gpupool.models.sessions import COOKIE, LINK, JobSession, SessionGrant
 from gpupool.models.tokens import IssuedToken
 from gpupool.render import SESSION_PORT_FILE
 from gpupool.session_shim import NO_PRIVATE_NETWORK_EXIT, STATUS_PATH
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool.templates import Template
 from gpupool.tokens import Principal
 

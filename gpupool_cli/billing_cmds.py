@@ -22,7 +22,7 @@ from gpupool import db
 from gpupool.config import Settings
 from gpupool.errors import GpupoolError, NotFound
 from gpupool.models import Account, Adjustment
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 
 _GPU_TYPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
 

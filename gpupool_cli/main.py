@@ -18,12 +18,12 @@ from billing.money import format_nanos
 from gpupool import db
 from gpupool.config import Settings, load_settings
 from gpupool.containers import docker_runtime_refusal
-from gpupool.db_roles import ServiceRoles, apply_grants
+from gpupool.db.roles import ServiceRoles, apply_grants
 from gpupool.errors import ConfigError, GpupoolError
 from gpupool.models import ACCOUNT_NAME, Account
-from gpupool.runas import exec_lean_helper
-from gpupool.slurm import SlurmClient
-from gpupool.tenants import ensure_tenant_folder, ensure_tenant_user
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.runas import exec_lean_helper
+from gpupool.slurm.tenants import ensure_tenant_folder, ensure_tenant_user
 from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers

@@ -15,7 +15,7 @@ from billing.report import build_report, parse_window, report_csv, report_table
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.models import NodeCost
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool_cli.billing_cmds import parse_utc, period_argument
 
 

@@ -16,7 +16,7 @@ from gpupool.errors import ConfigError, GpupoolError
 from gpupool.jobstate import JobStateRefresher
 from gpupool.proxy import ProxyConfig, render_sessions_conf, standalone_nginx_conf
 from gpupool.sessions import sweep_idle
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 
 
 def _sweep_once(settings: Settings, refresher: JobStateRefresher, sessions: Any, slurm: SlurmClient) -> list[str]:

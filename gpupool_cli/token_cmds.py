@@ -14,7 +14,7 @@ from gpupool import db
 from gpupool.config import Settings
 from gpupool.errors import NotFound
 from gpupool.models import Account, IssuedToken
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import issue_token, revoke_token, signing_key
 
 _TIME = "%Y-%m-%dT%H:%M:%SZ"

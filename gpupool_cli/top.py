@@ -21,9 +21,9 @@ from pathlib import Path
 
 from gpupool.config import Settings
 from gpupool.errors import SlurmUnavailable
-from gpupool.gpu_metrics import GpuReading, NodeMetrics, node_metrics_from_text, scrape_nodes
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_detail import RunningJob
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.detail import RunningJob
+from gpupool_cli.gpu_metrics import GpuReading, NodeMetrics, node_metrics_from_text, scrape_nodes
 
 NA = "n/a"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"

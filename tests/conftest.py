@@ -32,8 +32,8 @@ from sqlalchemy.orm import sessionmaker
 from gpupool import db
 from gpupool.clock import FrozenClock, parse_instant, system_clock
 from gpupool.config import Settings, load_settings
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import parse_delimited
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import parse_delimited
 from gpupool.tokens import issue_token
 from tests.support.services import (
     add_account_row,

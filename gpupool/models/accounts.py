@@ -25,7 +25,7 @@ class Account(Base):
     # Budgets, in nano-units: total prepaid credit granted, and a spend cap per UTC month.
     prepaid_credit_nanos: Mapped[int | None] = mapped_column(BigInteger)
     monthly_limit_nanos: Mapped[int | None] = mapped_column(BigInteger)
-    # The Unix user every job of the account runs as (gpupool.tenants).
+    # The Unix user every job of the account runs as (gpupool.slurm.tenants).
     unix_user: Mapped[str | None] = mapped_column(String(32))
     unix_uid: Mapped[int | None] = mapped_column(Integer)
     # Set by `gpupool account disable`: its tokens are refused from then on.

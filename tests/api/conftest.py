@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import REPO, add_account_row, cancel_account_jobs, throwaway_slurm_account
 
 # Extra templates only the tests use: they expose what a job sees.

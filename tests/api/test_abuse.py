@@ -15,8 +15,8 @@ from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
 from gpupool.config import Settings
 from gpupool.models import Adjustment
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import parse_delimited, parse_gres
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import parse_delimited, parse_gres
 from tests.conftest import bearer, create_app_for_tests, sacct_row, slurm_cmd, utc, wait_for
 from tests.support.sacct_dumps import as_pass_output
 from tests.support.services import TENANT_PREFIX

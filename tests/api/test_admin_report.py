@@ -9,7 +9,7 @@ from flask.testing import FlaskClient
 
 from billing.meter import month_start, next_month_start
 from gpupool.config import Settings
-from gpupool.slurm_parse import parse_delimited, parse_gres
+from gpupool.slurm.parse import parse_delimited, parse_gres
 from tests.conftest import SUITE_NOW, bearer, slurm_cmd
 
 pytestmark = pytest.mark.calendar

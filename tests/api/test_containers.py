@@ -6,7 +6,7 @@ from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, create_app_for_tests, slurm_cmd
 
 IMAGE = "nvcr.io#nvidia/pytorch:24.01-py3"

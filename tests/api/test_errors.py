@@ -13,7 +13,7 @@ from sqlalchemy.orm import sessionmaker
 from werkzeug.test import TestResponse
 
 from gpupool.config import Settings
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import create_token
 from tests.conftest import bearer, create_app_for_tests, recorded_token, slurm_cmd
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import sessionmaker
 from werkzeug.test import TestResponse
 
 from gpupool.config import Settings
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, create_app_for_tests, wait_for, wait_for_state
 
 TICKER_LINES = 300

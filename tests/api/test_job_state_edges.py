@@ -17,7 +17,7 @@ from gpupool import db
 from gpupool.config import Settings
 from gpupool.jobstate import LEASE_ID, JobStateRefresher
 from gpupool.models import Account, Job, SlurmSync
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, new_uuid
 
 INTERVAL_S = 60.0

@@ -21,7 +21,7 @@ from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, CommandNotFound, ConfigError
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import REPO, create_app_for_tests, wait_for
 
 Samples = Mapping[tuple[str, frozenset[tuple[str, str]]], float]

@@ -10,7 +10,7 @@ from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, create_app_for_tests
 
 UNAVAILABLE = {"error": "rate_limit_unavailable", "message": "the rate-limit store is not answering; retry shortly"}

@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, create_app_for_tests
 
 PROXY_KEY = "api-test-proxy-key-" + "q" * 30

@@ -18,7 +18,7 @@ from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, create_app_for_tests, new_uuid, slurm_cmd, wait_for
 from tests.support.tenancy import runas_helper
 

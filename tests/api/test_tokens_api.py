@@ -11,7 +11,7 @@ from werkzeug.test import TestResponse
 
 from gpupool.config import Settings
 from gpupool.models import Account
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import create_token, revoke_token
 from tests.conftest import bearer, create_app_for_tests
 

@@ -26,7 +26,7 @@ from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
 from gpupool.config import Settings
 from gpupool.models import Job, WebSession
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import revoke_token
 from tests.conftest import SUITE_NOW, bearer, create_app_for_tests, recorded_token, wait_for
 from tests.support.sacct_dumps import as_pass_output

@@ -20,8 +20,8 @@ import pytest
 from api import create_app
 from billing.meter import period_of
 from gpupool.errors import CommandFailed
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import gpus_by_type, parse_delimited, parse_time
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.conftest import bearer, slurm_cmd, throwaway_slurm_account, wait_for
 from tests.support.tenancy import sbatch_as_tenant

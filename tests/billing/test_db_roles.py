@@ -22,9 +22,9 @@ from sqlalchemy.exc import DBAPIError
 
 from api import create_app
 from gpupool import db
-from gpupool.db_roles import TABLE_ACCESS
+from gpupool.db.roles import TABLE_ACCESS
 from gpupool.models import Account, Adjustment, Base, BillingPass, Job, LedgerEntry
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.billing.test_ledger import dump, replay_ok, row
 from tests.conftest import base_settings, bearer
@@ -312,7 +312,7 @@ def test_db_upgrade_refuses_a_table_nobody_declared(roles_db: RolesDb) -> None:
             GPUPOOL_DATABASE_API_ROLE=roles_db.roles["api"], GPUPOOL_DATABASE_BILLING_ROLE=roles_db.roles["billing"],
         )
         assert refused.returncode == 1
-        assert "scratch_notes have no line in gpupool.db_roles.TABLE_ACCESS" in refused.stderr
+        assert "scratch_notes have no line in gpupool.db.roles.TABLE_ACCESS" in refused.stderr
     finally:
         with roles_db.owner.engine.begin() as connection:
             connection.execute(text("DROP TABLE scratch_notes"))

@@ -12,9 +12,9 @@ import pytest
 
 from billing.money import format_nanos, round_to_cents
 from billing.report import build_report, energy_nanos, gpu_hours, overlap_s
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import gpus_by_type, parse_delimited, parse_time
-from gpupool.slurm_report import parse_sreport_utilization
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time
+from gpupool.slurm.report import parse_sreport_utilization
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.conftest import slurm_cmd, throwaway_slurm_account, wait_for
 from tests.support.tenancy import sbatch_as_tenant

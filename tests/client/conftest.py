@@ -18,7 +18,7 @@ import pytest
 from gpupool_client import Client
 
 from gpupool import db
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import issue_token
 from tests.conftest import REPO, add_account_row, base_settings, slurm_cmd, throwaway_slurm_account
 from tests.live import conftest as live

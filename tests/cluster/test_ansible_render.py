@@ -376,7 +376,7 @@ def test_runas_helper_is_root_with_only_the_capabilities_it_needs(rendered: Rend
     assert service["NoNewPrivileges"] == ["yes"]
     assert service["ProtectSystem"] == ["strict"] and service["ReadWritePaths"] == ["/srv/gpupool/jobs"]
     assert service["ProtectHome"] == ["yes"] and service["PrivateTmp"] == ["yes"]
-    # Its job folders are 0710 with no set-group-id bit (gpupool.tenants), so it may set none.
+    # Its job folders are 0710 with no set-group-id bit (gpupool.slurm.tenants), so it may set none.
     assert service["RestrictSUIDSGID"] == ["yes"]
     assert unit["Unit"]["RequiresMountsFor"] == ["/srv/gpupool/jobs"]
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]

@@ -60,7 +60,7 @@ def test_playbook_takes_slurm_operator_rights_and_associations_from_the_service_
 
 
 def test_tenants_group_exists_for_the_accounts_users() -> None:
-    # The run-as helper acts only as a member of this group (gpupool/tenants.py).
+    # The run-as helper acts only as a member of this group (gpupool/slurm/tenants.py).
     assert run(["getent", "group", "gpupool-tenants"]).startswith("gpupool-tenants:")
 
 

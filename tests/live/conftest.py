@@ -18,7 +18,7 @@ import pytest
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.models import Account
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import JWT_SECRET, REDIS_URL, REPO, base_settings, throwaway_slurm_account
 from tests.support.http import as_service_user_argv, free_port, http
 from tests.support.services import TENANT_PREFIX, create_database, drop_database

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from billing.prices import set_price
 from gpupool import db
 from gpupool.models import Account, Job, Price
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import add_account_row, base_settings, recorded_token, slurm_cmd, throwaway_slurm_account, utc
 from tests.live.conftest import Server, http
 

@@ -28,7 +28,7 @@ import pytest
 from gpupool.config import Settings
 from gpupool.errors import RunasUnavailable, TenantError
 from gpupool.render import JobSpec, RenderedJob, render
-from gpupool.runas import RunasClient
+from gpupool.slurm.runas import RunasClient
 from tests.conftest import (
     JWT_SECRET,
     base_settings,
@@ -343,7 +343,7 @@ def test_the_helper_holds_none_of_the_secrets_it_was_started_with(strict_helper:
         # The kernel's word on who listens on the socket.
         pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     assert uid == 0
-    assert b"gpupool.runas" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert b"gpupool.slurm.runas" in Path(f"/proc/{pid}/cmdline").read_bytes()
     environ = dict(
         entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if entry
     )

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from gpupool.config import Settings
-from gpupool.tenants import Tenant, ensure_tenant_user, remove_tenant_user
+from gpupool.slurm.tenants import Tenant, ensure_tenant_user, remove_tenant_user
 from tests.support.tenancy import ensure_service_user
 
 pytestmark = [

@@ -21,8 +21,8 @@ import pytest
 
 from billing.meter import period_of
 from gpupool.config import Settings
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import parse_delimited
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import parse_delimited
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb, pg_ledger  # noqa: F401 (pg_ledger: a fixture)
 from tests.conftest import SUITE_NOW, slurm_cmd, throwaway_slurm_account, wait_for
 from tests.support.services import TENANT_PREFIX

@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.models import Account
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import (
     JWT_SECRET,
     REPO,

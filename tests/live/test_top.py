@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import REPO, base_settings, slurm_cmd, throwaway_slurm_account, wait_for
 from tests.live.conftest import free_port
 from tests.support.tenancy import TENANT_PREFIX, sbatch_as_tenant

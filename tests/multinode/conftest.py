@@ -27,8 +27,8 @@ from sqlalchemy.orm import sessionmaker
 from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.proc import run_command
-from gpupool.slurm import SlurmClient
-from gpupool.slurm_parse import parse_delimited
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import parse_delimited
 from tests.cluster.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import REPO, base_settings
 from tests.support.services import TENANT_PREFIX, throwaway_slurm_account

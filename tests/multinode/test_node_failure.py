@@ -16,7 +16,7 @@ import pytest
 from api import create_app
 from gpupool.config import Settings
 from gpupool.models import Account
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.billing.conftest import RTX3090_NANOS, LedgerDb, _prepare
 from tests.conftest import bearer, create_database, drop_database, wait_for, wait_for_state
 from tests.multinode.conftest import (

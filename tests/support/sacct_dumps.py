@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# The shape of gpupool.slurm_parse.unpredictable_delimiter(): fixed here, so a dump is reproducible.
+# The shape of gpupool.slurm.parse.unpredictable_delimiter(): fixed here, so a dump is reproducible.
 PASS_DELIMITER = "|5f2a9c7e01bd|"
 
 

@@ -18,8 +18,8 @@ from sqlalchemy.orm import sessionmaker
 from gpupool import db
 from gpupool.models import Account
 from gpupool.proc import run_command
-from gpupool.slurm import SlurmClient
-from gpupool.tenants import ensure_tenant_user, remove_tenant_user
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.tenants import ensure_tenant_user, remove_tenant_user
 from tests.support.tenancy import TENANT_PREFIX
 
 PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from billing.sacct import SACCT_FIELDS, DumpRefused, JobRun, RunReader, Tenancy, detect_delimiter, parse_runs
-from gpupool.slurm_parse import ParseError
+from gpupool.slurm.parse import ParseError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.expiring_cache import ExpiringCache
+from api.caches import ExpiringCache
 
 
 class Clock:

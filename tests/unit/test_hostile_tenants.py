@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from billing.invoice import spreadsheet_text
-from gpupool.slurm import GpuInventory, GpuShare, parse_inventory
+from gpupool.slurm.client import GpuInventory, GpuShare, parse_inventory
 
 
 def test_share_is_the_nodes_cpus_and_memory_divided_by_its_gpus() -> None:

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from billing.sacct import XDMOD_FIELDS, DumpRefused, Tenancy, parse_runs
-from gpupool.slurm_parse import ParseError, expand_hostlist, parse_elapsed
+from gpupool.slurm.parse import ParseError, expand_hostlist, parse_elapsed
 
 # Open XDMoD's shredder format (26 fields, no header), two lines in its shape.
 XDMOD_LINES = (

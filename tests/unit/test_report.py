@@ -23,8 +23,8 @@ from billing.report import (
     utilization_cells,
 )
 from gpupool.errors import BadRequest
-from gpupool.slurm_parse import ParseError
-from gpupool.slurm_report import (
+from gpupool.slurm.parse import ParseError
+from gpupool.slurm.report import (
     parse_allocations,
     parse_node_events,
     parse_node_gpus,

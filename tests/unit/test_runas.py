@@ -14,7 +14,8 @@ import pytest
 from gpupool.config import Settings, load_settings
 from gpupool.errors import RunasUnavailable, SubmissionUncertain, TenantError
 from gpupool.render import JobSpec, RenderedJob, render
-from gpupool.runas import (
+from gpupool.slurm.client import QueueEntry, SlurmClient
+from gpupool.slurm.runas import (
     _ACCOUNT,
     HELPER_SETTINGS,
     RunasClient,
@@ -24,8 +25,7 @@ from gpupool.runas import (
     job_folder,
     script_directives,
 )
-from gpupool.slurm import QueueEntry, SlurmClient
-from gpupool.tenants import tenant_user_name
+from gpupool.slurm.tenants import tenant_user_name
 
 JOB_ID = "0b0e4c8e-8a8f-4a2b-9a59-0f6b3c1d2e4f"
 JOB_DIR = Path("/var/lib/gpupool/jobs/acme") / JOB_ID

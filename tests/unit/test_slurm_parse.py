@@ -39,7 +39,7 @@ from gpupool.config import Settings
 from gpupool.jobstate import JobStateRefresher, SlurmAnswers
 from gpupool.models import Job
 from gpupool.proc import CommandResult
-from gpupool.slurm import (
+from gpupool.slurm.client import (
     AccountingEntry,
     GpuInventory,
     QueueEntry,
@@ -49,7 +49,7 @@ from gpupool.slurm import (
     parse_queue,
     queue_format,
 )
-from gpupool.slurm_parse import (
+from gpupool.slurm.parse import (
     GresEntry,
     ParseError,
     base_state,

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from api.context import TimedCache
+from api.caches import TimedCache
 from gpupool.errors import SlurmUnavailable
 
 

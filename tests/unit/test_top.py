@@ -25,9 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.gpu_metrics import GpuReading, MetricsParseError, NodeMetrics, node_metrics_from_text, parse_gpu_metrics
-from gpupool.slurm_detail import NodeGpus, RunningJob, gpu_indices, parse_index_list, parse_running_jobs
-from gpupool.slurm_parse import ParseError
+from gpupool.slurm.detail import GpusHeldOnNode, RunningJob, gpu_indices, parse_index_list, parse_running_jobs
+from gpupool.slurm.parse import ParseError
+from gpupool_cli.gpu_metrics import (
+    GpuReading,
+    MetricsParseError,
+    NodeMetrics,
+    node_metrics_from_text,
+    parse_gpu_metrics,
+)
 from gpupool_cli.main import build_parser
 from gpupool_cli.top import render_top
 from tests import golden
@@ -58,10 +64,10 @@ def check_golden(name: str, actual: str) -> None:
 def test_recorded_jobs_are_read_with_account_user_and_gpu_indices() -> None:
     assert RECORDED_DETAIL in RECORDED  # MULTI_NODE's substitution really happens
     assert parse_running_jobs(RECORDED) == [
-        RunningJob(5, "5", "probetop", "root", (NodeGpus("vm", (0, 1)),)),
+        RunningJob(5, "5", "probetop", "root", (GpusHeldOnNode("vm", (0, 1)),)),
         RunningJob(6, "6", "probetop", "root", ()),  # no GPU: running, holds nothing
-        RunningJob(7, "7", "probetop", "root", (NodeGpus("vm", (2,)),)),
-        RunningJob(9, "8_0", "probetop", "root", (NodeGpus("vm", (3,)),)),
+        RunningJob(7, "7", "probetop", "root", (GpusHeldOnNode("vm", (2,)),)),
+        RunningJob(9, "8_0", "probetop", "root", (GpusHeldOnNode("vm", (3,)),)),
         # 8_1 is PENDING on Resources: not shown
     ]
 
@@ -70,12 +76,12 @@ def test_a_job_name_that_spells_allocation_words_changes_nothing() -> None:
     line = next(line for line in RECORDED.splitlines() if line.startswith("JobId=7 "))
     assert "Account=evil" in line and "GRES=gpu:4(IDX:0-3)" in line and "UserId=foo(0)" in line
     (job,) = parse_running_jobs(line)
-    assert (job.account, job.user, job.gpus) == ("probetop", "root", (NodeGpus("vm", (2,)),))
+    assert (job.account, job.user, job.gpus) == ("probetop", "root", (GpusHeldOnNode("vm", (2,)),))
 
 
 def test_multi_node_jobs_hold_gpus_on_every_node_of_each_group() -> None:
     (job,) = parse_running_jobs(MULTI_NODE)
-    assert job.gpus == (NodeGpus("gpu01", (0,)), NodeGpus("gpu02", (0,)), NodeGpus("gpu03", (0, 2)))
+    assert job.gpus == (GpusHeldOnNode("gpu01", (0,)), GpusHeldOnNode("gpu02", (0,)), GpusHeldOnNode("gpu03", (0, 2)))
     assert job.gpu_count == 4
 
 
@@ -86,7 +92,7 @@ def test_a_newline_in_a_job_name_continues_the_job() -> None:
 
 def test_older_gres_idx_word_and_no_jobs() -> None:
     old = RECORDED.splitlines()[0].replace("GRES=gpu:rtx4090:2(IDX:0-1)", "GRES_IDX=gpu(IDX:1,3)")
-    assert parse_running_jobs(old)[0].gpus == (NodeGpus("vm", (1, 3)),)
+    assert parse_running_jobs(old)[0].gpus == (GpusHeldOnNode("vm", (1, 3)),)
     assert parse_running_jobs("No jobs in the system\n") == []
     assert parse_running_jobs("") == []
 
@@ -207,7 +213,7 @@ def test_goldens_have_no_strays() -> None:
 
 
 def test_names_reach_the_terminal_without_control_characters() -> None:
-    job = RunningJob(1, "1", "acme", "root", (NodeGpus("vm", (0,)),))
+    job = RunningJob(1, "1", "acme", "root", (GpusHeldOnNode("vm", (0,)),))
     hostile = NodeMetrics("vm", {0: GpuReading(0, model="\x1b[2Jevil\x07")})
     view = render_top([job], {"vm": hostile}, now=NOW)
     assert "\x1b" not in view and "\x07" not in view and "?[2Jevil?" in view

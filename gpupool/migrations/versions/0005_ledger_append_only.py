@@ -8,7 +8,7 @@ Triggers refuse UPDATE, DELETE and (PostgreSQL) TRUNCATE of ledger rows for
 every role, the owner included; a charge is corrected by a new correction row
 or an adjustment, never by rewriting one. What each service role may do with
 each table is not history but state: ``gpupool db upgrade`` grants it after
-the migrations, from ``gpupool.db_roles``.
+the migrations, from ``gpupool.db.roles``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Running jobs and the GPUs each holds, from ``scontrol show job --details --oneliner``.
 
-Pure functions only, tested on recorded output (``gpupool.slurm_parse`` maps
+Pure functions only, tested on recorded output (``gpupool.slurm.parse`` maps
 every parser of Slurm's text). Each job is one line of
 ``Key=Value`` words; with ``--details`` every allocated node (or group of
 identical nodes) adds ``Nodes=<hostlist> CPU_IDs=.. Mem=.. GRES=<detail>``,
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import hostlist
 
-from gpupool.slurm_parse import ParseError
+from gpupool.slurm.parse import ParseError
 
 _JOB_LINE = re.compile(r"^JobId=\d+ ")
 # The name runs to the last " UserId=": greedy on purpose, see the module docstring.
@@ -37,7 +37,7 @@ NO_JOBS = "No jobs in the system"
 
 
 @dataclass(frozen=True)
-class NodeGpus:
+class GpusHeldOnNode:
     """The GPU indices one job holds on one node."""
 
     node: str
@@ -52,7 +52,7 @@ class RunningJob:
     display_id: str
     account: str
     user: str
-    gpus: tuple[NodeGpus, ...]
+    gpus: tuple[GpusHeldOnNode, ...]
 
     @property
     def gpu_count(self) -> int:
@@ -122,7 +122,7 @@ def parse_job_line(line: str) -> tuple[str, RunningJob]:
     prefix = dict(_key_value_pairs(line[: split.start()]))
     job_id = int(prefix["JobId"])
     fields: dict[str, str] = {}
-    allocations: list[NodeGpus] = []
+    allocations: list[GpusHeldOnNode] = []
     nodes: list[str] = []
     for key, value in _key_value_pairs(line[split.end():]):
         if key == _DETAIL_END:
@@ -132,7 +132,7 @@ def parse_job_line(line: str) -> tuple[str, RunningJob]:
         elif key in _GRES_KEYS and nodes:
             indices = gpu_indices(value)
             if indices:
-                allocations.extend(NodeGpus(node, indices) for node in nodes)
+                allocations.extend(GpusHeldOnNode(node, indices) for node in nodes)
             nodes = []
         else:
             fields.setdefault(key, value)

@@ -1,4 +1,11 @@
-"""A small per-process cache of values by key, each trusted for a fixed number of seconds."""
+"""The API's per-process caches: answers trusted for a fixed number of seconds.
+
+- ``ExpiringCache``: values by key (verified tokens, token standings, the
+  sessions' proxy answers), each fetched on a miss.
+- ``TimedCache``: one value of Slurm's (the cluster's GPU inventory, the
+  controller's ping), with its own time for a failure and the choice of serving
+  the last good value while Slurm does not answer.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,11 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from gpupool.errors import SlurmUnavailable
+
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class ExpiringCache(Generic[K, V]):
@@ -56,3 +66,36 @@ class ExpiringCache(Generic[K, V]):
         while len(fresh) >= self._max_entries:
             del fresh[next(iter(fresh))]
         self._entries = fresh
+
+
+class TimedCache(Generic[T]):
+    """``fetch``'s last value for ``ttl_s``, its last SlurmUnavailable for ``error_ttl_s``, per process.
+
+    With ``keep_stale``, a failed refresh serves the last good value instead:
+    better a minute-old cluster shape than refusing every submit while Slurm blinks.
+    """
+
+    def __init__(self, fetch: Callable[[], T], ttl_s: float, *, error_ttl_s: float = 0.0, keep_stale: bool = False) -> None:
+        self._fetch = fetch
+        self._ttl_s = ttl_s
+        self._error_ttl_s = error_ttl_s
+        self._keep_stale = keep_stale
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self._error: SlurmUnavailable | None = None
+        self._read_at = -float("inf")
+
+    def get(self) -> T:
+        with self._lock:
+            ttl = self._error_ttl_s if self._error is not None else self._ttl_s
+            if time.monotonic() - self._read_at >= ttl:
+                try:
+                    self._value, self._error = self._fetch(), None
+                except SlurmUnavailable as exc:
+                    if not (self._keep_stale and self._value is not None):
+                        self._value, self._error = None, exc
+                self._read_at = time.monotonic()
+            if self._error is not None:
+                raise self._error
+            assert self._value is not None
+            return self._value

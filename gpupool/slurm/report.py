@@ -1,6 +1,6 @@
 """Slurm's answers the operator report reads: pure parsers, tested on literal strings.
 
-``gpupool.slurm_parse`` holds the field parsers these use and maps the others.
+``gpupool.slurm.parse`` holds the field parsers these use and maps the others.
 
 Each keys on the header row Slurm prints (``parse_delimited``), so a column
 order change in a Slurm release cannot shift a value into the wrong field.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from gpupool.slurm_parse import (
+from gpupool.slurm.parse import (
     ParseError,
     base_state,
     expand_hostlist,
@@ -33,7 +33,7 @@ PENDING_FORMAT = "JobID:|,Account:|,UserName:|,SubmitTime:|,Reason:|,NumNodes:|,
 
 
 @dataclass(frozen=True)
-class NodeGpus:
+class NodeGpuCapacity:
     """A node of the cluster as sinfo shows it now: its GPUs by type, and its state."""
 
     name: str
@@ -95,9 +95,9 @@ class SreportUtilization:
     reported: int
 
 
-def parse_node_gpus(text: str) -> list[NodeGpus]:
+def parse_node_gpus(text: str) -> list[NodeGpuCapacity]:
     """Nodes from ``sinfo --Node -o %N|%G|%T``, once each though a node sits in several partitions."""
-    nodes: dict[str, NodeGpus] = {}
+    nodes: dict[str, NodeGpuCapacity] = {}
     for row in parse_delimited(text, required=("NODELIST", "GRES", "STATE")):
         name = row["NODELIST"].strip()
         if name in nodes:
@@ -107,7 +107,7 @@ def parse_node_gpus(text: str) -> list[NodeGpus]:
             if gres.name == "gpu":
                 gpu_type = gres.gpu_type or "untyped"
                 gpus[gpu_type] = gpus.get(gpu_type, 0) + gres.count
-        nodes[name] = NodeGpus(name, gpus, row["STATE"].strip())
+        nodes[name] = NodeGpuCapacity(name, gpus, row["STATE"].strip())
     return sorted(nodes.values(), key=lambda node: node.name)
 
 

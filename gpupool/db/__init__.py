@@ -26,7 +26,7 @@ from sqlalchemy.types import TypeDecorator
 
 from gpupool.errors import DatabaseUnavailable, MigrationRequired
 
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):

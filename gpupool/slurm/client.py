@@ -4,7 +4,7 @@ One instance is built per process and handed to ``create_app`` (or the CLI),
 so tests and benchmarks can give it another ``bin_dir`` (for example a folder
 of wrappers that count calls) without patching anything. The readers of the
 job-state ``squeue``/``sacct`` and inventory ``sinfo`` formats sit below, beside
-their format strings; ``gpupool.slurm_parse`` maps every other parser of Slurm's text.
+their format strings; ``gpupool.slurm.parse`` maps every other parser of Slurm's text.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from gpupool.config import Settings
 from gpupool.errors import CommandFailed, SlurmRejected, SlurmUnavailable, SubmissionUncertain
 from gpupool.metrics import observe_slurm_commands
 from gpupool.proc import CommandResult, minimal_env, run_command
-from gpupool.runas import BUDGET_TRES, TenantActions, tenant_actions
-from gpupool.slurm_detail import RunningJob, parse_running_jobs
-from gpupool.slurm_parse import (
+from gpupool.slurm.detail import RunningJob, parse_running_jobs
+from gpupool.slurm.parse import (
     ParseError,
     base_state,
     is_unpredictable,
@@ -34,20 +33,21 @@ from gpupool.slurm_parse import (
     read_header,
     unpredictable_delimiter,
 )
-from gpupool.slurm_report import (
+from gpupool.slurm.report import (
     ALLOCATION_FIELDS,
     EVENT_FIELDS,
     NODE_FORMAT,
     PENDING_FORMAT,
     Allocation,
     NodeEvent,
-    NodeGpus,
+    NodeGpuCapacity,
     PendingJob,
     parse_allocations,
     parse_node_events,
     parse_node_gpus,
     parse_pending,
 )
+from gpupool.slurm.runas import BUDGET_TRES, TenantActions, tenant_actions
 
 Runner = Callable[..., CommandResult]
 T = TypeVar("T")
@@ -468,7 +468,7 @@ class SlurmClient:
         except (ParseError, KeyError, ValueError) as exc:
             raise SlurmUnavailable(f"unexpected {what} output: {exc}") from exc
 
-    def node_gpus(self) -> list[NodeGpus]:
+    def node_gpus(self) -> list[NodeGpuCapacity]:
         """Every node of the cluster, whatever its partitions, with its GPUs by type and its state now."""
         return self._parsed("sinfo", parse_node_gpus, self._command("sinfo", ["--Node", f"--format={NODE_FORMAT}"]))
 

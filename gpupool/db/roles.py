@@ -133,7 +133,7 @@ def grant_statements(connection: Connection, roles: ServiceRoles) -> list[str]:
     unlisted = sorted(tables - set(TABLE_ACCESS))
     if unlisted:
         raise ConfigError(
-            f"table(s) {', '.join(unlisted)} have no line in gpupool.db_roles.TABLE_ACCESS: "
+            f"table(s) {', '.join(unlisted)} have no line in gpupool.db.roles.TABLE_ACCESS: "
             "say what the API and billing may do with them before granting anything"
         )
     quote = connection.dialect.identifier_preparer.quote

@@ -6,11 +6,11 @@ elapsed times, exit codes, job states, TRES GPU counts, GRES strings and host
 lists. Each *command's* output is read next to the format string that asks
 for it, so a format and its reader change together:
 
-- ``gpupool.slurm``: ``squeue`` and ``sacct`` for job state (``parse_queue``,
+- ``gpupool.slurm.client``: ``squeue`` and ``sacct`` for job state (``parse_queue``,
   ``parse_accounting``) and ``sinfo`` for the GPU inventory (``parse_inventory``);
-- ``gpupool.slurm_detail``: ``scontrol show job --details --oneliner``, the GPU
+- ``gpupool.slurm.detail``: ``scontrol show job --details --oneliner``, the GPU
   indices of running jobs;
-- ``gpupool.slurm_report``: ``sinfo --Node``, ``sacct`` allocations, ``sacctmgr``
+- ``gpupool.slurm.report``: ``sinfo --Node``, ``sacct`` allocations, ``sacctmgr``
   events, pending ``squeue`` and ``sreport`` for the operator report;
 - ``billing.sacct``: ``sacct`` accounting for billing, read lazily row by row
   (its hot path; it calls the field parsers here).

@@ -60,13 +60,13 @@ from gpupool.errors import (
 )
 from gpupool.proc import CommandResult, minimal_env, run_command
 from gpupool.render import SESSION_PORT_FILE, SESSION_SECRET_FILE, job_tag, log_path
-from gpupool.tenants import Tenant, ensure_tenant_folder, lookup_tenant, service_gid
+from gpupool.slurm.tenants import Tenant, ensure_tenant_folder, lookup_tenant, service_gid
 
-log = logging.getLogger("gpupool.runas")
+log = logging.getLogger("gpupool.slurm.runas")
 
 SCRIPT_NAME = "job.sbatch"
 # The job's umask, which sbatch hands slurmstepd as SLURM_UMASK: what a job writes
-# is its tenant's alone unless its own code says otherwise (gpupool.tenants).
+# is its tenant's alone unless its own code says otherwise (gpupool.slurm.tenants).
 JOB_UMASK = "0077"
 MAX_REQUEST_BYTES = 1024 * 1024
 _JOB_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -97,7 +97,7 @@ _SESSION_SECRET = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
 # How long a connection over runas_max_connections waits for a slot before it is refused.
 BUSY_WAIT_S = 2.0
 
-# The settings the helper reads (gpupool.tenants' too): its environment holds these and nothing else.
+# The settings the helper reads (gpupool.slurm.tenants' too): its environment holds these and nothing else.
 HELPER_SETTINGS = (
     "job_root", "service_user", "service_group", "tenant_user_prefix", "tenant_group", "tenant_uid_min",
     "tenant_uid_max", "slurm_bin_dir", "slurm_partition", "job_path", "slurm_submit_timeout_s",
@@ -642,14 +642,14 @@ def helper_environment(settings: Settings, environ: Mapping[str, str] | None = N
 
 
 def _exec_helper(socket_path: str, extra_users: Sequence[str], env: Mapping[str, str]) -> NoReturn:
-    argv = [sys.executable, "-m", "gpupool.runas", "--socket", socket_path]
+    argv = [sys.executable, "-m", "gpupool.slurm.runas", "--socket", socket_path]
     for user in extra_users:
         argv += ["--allow-user", user]
     os.execve(sys.executable, argv, dict(env))
 
 
 def exec_lean_helper(socket_path: str, extra_users: Sequence[str] = ()) -> NoReturn:
-    """Become ``python -m gpupool.runas``: the helper without the imports or the environment of whoever started it.
+    """Become ``python -m gpupool.slurm.runas``: the helper without the imports or the environment of whoever started it.
 
     The helper forks once per sbatch, and a fork that switches user cannot use
     vfork, so each one copies the helper's page tables: in a process holding the
@@ -663,7 +663,7 @@ def exec_lean_helper(socket_path: str, extra_users: Sequence[str] = ()) -> NoRet
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``gpupool runas serve`` once it has shed the CLI: settings from the environment, as the CLI reads them."""
-    parser = argparse.ArgumentParser(prog="python -m gpupool.runas", description="The gpupool run-as helper (root).")
+    parser = argparse.ArgumentParser(prog="python -m gpupool.slurm.runas", description="The gpupool run-as helper (root).")
     parser.add_argument("--socket", required=True, help="socket path")
     parser.add_argument("--allow-user", action="append", default=[], help="another Unix user allowed to connect")
     args = parser.parse_args(argv)
