@@ -11,13 +11,14 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, url_for
 from pydantic import ValidationError
-from sqlalchemy import select, tuple_
+from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from api.context import app_state, db_session, principal
 from api.metrics import JOBS_SUBMITTED
-from api.schemas import IDEMPOTENCY_KEY_PATTERN, JOB_STATES, JobOut, SubmitRequest
-from api.submission import submit
+from api.schemas import IDEMPOTENCY_KEY_PATTERN, JOB_STATES, JobOut, QuoteDetail, QuoteOut, SubmitRequest
+from api.submission import Quote, quote, submit
+from billing.money import format_nanos
 from gpupool import joblogs
 from gpupool.db import utcnow
 from gpupool.errors import (
@@ -47,7 +48,7 @@ MAX_LOG_LINES = 10_000
 MAX_LOG_OFFSET = 2**53 - 1
 
 
-def job_view(job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
+def job_view(job: Job, now: dt.datetime | None = None, *, queue_position: int | None = None) -> dict[str, Any]:
     state_word = job.state
     reason = job.reason
     if state_word == SUBMITTING:
@@ -80,6 +81,8 @@ def job_view(job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
         elapsed_s=elapsed,
         end_reason=job.end_reason,
         session=_is_session(job),
+        estimated_start=job.expected_start_at if job.state == "PENDING" else None,
+        queue_position=queue_position,
     ).model_dump(mode="json")
 
 
@@ -119,13 +122,51 @@ def submit_request(body: dict[str, Any]) -> SubmitRequest:
         ) from exc
 
 
-@submit_bp.post("/submit")
-def submit_job() -> tuple[Response, int, dict[str, str]]:
+def _dry_run_arg() -> bool:
+    raw = request.args.get("dry_run")
+    if raw is None or raw.lower() == "false":
+        return False
+    if raw.lower() == "true":
+        return True
+    raise BadRequest("dry_run must be true or false")
+
+
+def quote_view(found: Quote) -> dict[str, Any]:
+    cost = found.cost
+    return QuoteOut(
+        quote=QuoteDetail(
+            gpus=found.gpus,
+            gpu_type=found.gpu_type,
+            time_limit_min=found.time_limit_min,
+            gpu_seconds_worst_case=cost.gpu_seconds,
+            price_per_gpu_second=None if cost.unit_price_nanos is None else format_nanos(cost.unit_price_nanos),
+            worst_case_cost=None if cost.amount_nanos is None else format_nanos(cost.amount_nanos),
+            currency=found.currency,
+        ),
+        estimated_start=found.estimated_start,
+    ).model_dump(mode="json")
+
+
+def _submit_body() -> tuple[dict[str, Any], SubmitRequest]:
     body = _json_body()
     unknown = set(body) - set(SubmitRequest.model_fields)
     if unknown:
         raise UnknownFields(unknown, SubmitRequest.model_fields)
-    req = submit_request(body)
+    return body, submit_request(body)
+
+
+@submit_bp.post("/quote")
+def quote_job() -> tuple[Response, int]:
+    """``POST /submit?dry_run=true`` under its own name."""
+    _body, req = _submit_body()
+    return jsonify(quote_view(quote(app_state(), db_session(), principal(), req))), 200
+
+
+@submit_bp.post("/submit")
+def submit_job() -> tuple[Response, int] | tuple[Response, int, dict[str, str]]:
+    if _dry_run_arg():
+        return quote_job()
+    body, req = _submit_body()
     job, replayed = submit(app_state(), db_session(), principal(), req, body, _idempotency_key())
     headers = {"Location": url_for("jobs.get_job", job_id=job.id)}
     if replayed:
@@ -165,11 +206,38 @@ def _refresh_if_unfinished(job: Job) -> None:
         session.refresh(job)
 
 
+def _queue_position(session: Session, job: Job) -> int | None:
+    """1 + gpupool's pending jobs of the job's GPU type that Slurm expects to start first; None unless pending.
+
+    Computed on read, not stored: every job behind one that starts moves up, and
+    writing each of their rows on each refresh would cost more than this count,
+    which the (finished, state) index narrows to the pending jobs.
+    """
+    if job.state != "PENDING":
+        return None
+    ahead = select(func.count()).select_from(Job).where(
+        Job.finished.is_(False), Job.state == "PENDING", Job.id != job.id,
+        Job.gpu_type.is_(None) if job.gpu_type is None else Job.gpu_type == job.gpu_type,
+    )
+    earlier = tuple_(Job.created_at, Job.id) < (job.created_at, job.id)
+    if job.expected_start_at is None:
+        # Without an estimate, behind every job that has one, and behind those submitted before it.
+        ahead = ahead.where(or_(Job.expected_start_at.is_not(None), earlier))
+    else:
+        ahead = ahead.where(
+            or_(
+                Job.expected_start_at < job.expected_start_at,
+                and_(Job.expected_start_at == job.expected_start_at, earlier),
+            )
+        )
+    return 1 + int(session.scalar(ahead) or 0)
+
+
 @jobs_bp.get("/jobs/<job_id>")
 def get_job(job_id: str) -> Response:
     job = _visible_job(job_id)
     _refresh_if_unfinished(job)
-    return jsonify(job_view(job))
+    return jsonify(job_view(job, queue_position=_queue_position(db_session(), job)))
 
 
 def _encode_cursor(job: Job) -> str:

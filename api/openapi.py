@@ -15,6 +15,7 @@ from api.schemas import (
     ErrorOut,
     JobList,
     JobOut,
+    QuoteOut,
     SessionOut,
     SubmitOut,
     SubmitRequest,
@@ -195,7 +196,7 @@ def _report_schema() -> dict[str, Any]:
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     schemas = _schemas(
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
-        WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut,
+        WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut,
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
@@ -217,10 +218,15 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 "post": {
                     "summary": "Submit a job from a template",
                     "parameters": [
-                        {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}}
+                        {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}},
+                        {
+                            "name": "dry_run", "in": "query", "required": False, "schema": {"enum": ["true", "false"]},
+                            "description": "true: the same checks and refusals, but nothing is created; answers 200 with the quote (as POST /quote)",
+                        },
                     ],
                     "requestBody": {"required": True, "content": _json("SubmitRequest")},
                     "responses": {
+                        "200": {"description": "dry_run=true: what the job would cost at most, and when Slurm would start it", "content": _json("QuoteOut")},
                         "201": {
                             "description": "Submitted (or, with a used Idempotency-Key and the same body, the job it made)",
                             "headers": {"Idempotent-Replayed": {"description": "true when this answer replays an earlier submit", "schema": {"enum": ["true"]}}},
@@ -228,6 +234,15 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                         },
                         **_errors(400, 402, 403, 409, 413, 415, 422, *auth_errors),
                     },
+                }
+            },
+            "/quote": {
+                "post": {
+                    "summary": "A dry run of POST /submit: its checks, the worst-case cost and Slurm's start estimate; creates nothing",
+                    "description": "Refused as the submit would be (402 when the budget does not cover the worst case, 422...). "
+                    "The estimate is `sbatch --test-only` run as the account's tenant; null when Slurm gives none.",
+                    "requestBody": {"required": True, "content": _json("SubmitRequest")},
+                    "responses": {"200": {"description": "The quote", "content": _json("QuoteOut")}, **_errors(400, 402, 403, 413, 415, 422, *auth_errors)},
                 }
             },
             "/jobs": {

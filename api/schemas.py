@@ -79,6 +79,41 @@ class JobOut(BaseModel):
     elapsed_s: int | None
     end_reason: str | None = Field(default=None, description="Why gpupool ended the job, when it did (an idle session).")
     session: bool = Field(default=False, description="A session job: see GET /jobs/<id>/session.")
+    estimated_start: dt.datetime | None = Field(
+        default=None,
+        description="A pending job: when Slurm's scheduler (its backfill pass) expects to start it, as `squeue --start` "
+        "says; null while Slurm has no estimate, and once the job is no longer pending.",
+    )
+    queue_position: int | None = Field(
+        default=None,
+        description="GET /jobs/<id> of a pending job: 1 for the first of gpupool's pending jobs of the same GPU type, "
+        "in the order Slurm expects to start them (those without an estimate last, oldest first); null otherwise.",
+    )
+
+
+class QuoteDetail(BaseModel):
+    gpus: int
+    gpu_type: str | None = Field(description="Null: any type, priced at the highest.")
+    time_limit_min: int
+    gpu_seconds_worst_case: int = Field(description="gpus x time limit, in seconds: what the job can be billed for at most.")
+    price_per_gpu_second: str | None = Field(
+        description="Exact: the price of the asked type now, or the highest of any type; null when no price is set."
+    )
+    worst_case_cost: str | None = Field(
+        description="gpu_seconds_worst_case x price_per_gpu_second, exact: the amount a budget check holds the job to."
+    )
+    currency: str
+
+
+class QuoteOut(BaseModel):
+    dry_run: Literal[True] = True
+    would_be_admitted: Literal[True] = Field(
+        default=True, description="Always true here: a request a submit would refuse gets that refusal (402, 422...) instead."
+    )
+    quote: QuoteDetail
+    estimated_start: dt.datetime | None = Field(
+        description="When Slurm would start the job if submitted now (`sbatch --test-only` as the account's tenant)."
+    )
 
 
 class JobList(BaseModel):

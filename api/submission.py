@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import fnmatch
 import hashlib
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from api.context import AppState
 from api.schemas import SubmitRequest
-from billing.budgets import check_submit
+from billing.budgets import WorstCase, check_submit, worst_case
+from billing.prices import load_prices
 from gpupool.config import Settings
 from gpupool.containers import docker_runtime_refusal
 from gpupool.db import utcnow
@@ -37,7 +40,7 @@ from gpupool.render import JobSpec, RenderedJob, render
 from gpupool.sessions import new_session
 from gpupool.slurm.client import GpuInventory
 from gpupool.tokens import Principal
-from gpupool.webhooks import add_job_callback
+from gpupool.webhooks import add_job_callback, allowed_networks, check_destination
 
 log = logging.getLogger("gpupool.submit")
 
@@ -235,15 +238,21 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     session.commit()
 
 
-def submit(
-    app: AppState,
-    session: Session,
-    caller: Principal,
-    req: SubmitRequest,
-    raw_body: dict[str, Any],
-    idempotency_key: str | None,
-) -> tuple[Job, bool]:
-    """Create and submit the job; returns (job, replayed)."""
+@dataclass(frozen=True)
+class _Admitted:
+    """A request past every check that needs no Slurm answer: what a submit and a quote both start from."""
+
+    params: dict[str, Any]
+    gpus: int
+    account: Account
+    keyed_job: Job | None
+    time_limit_min: int
+
+
+def _admit(
+    app: AppState, session: Session, caller: Principal, req: SubmitRequest, idempotency_key: str | None
+) -> _Admitted:
+    """The template, account and resource checks of a submit, in its order; raises what a submit would."""
     template = app.templates.get(req.template)
     if template is None:
         raise ValidationFailed(
@@ -263,37 +272,42 @@ def submit(
         raise Unauthorized(f"account {account.name!r} is disabled", code="account_disabled")
     if account.gpu_limit is not None and gpus > account.gpu_limit:
         raise ValidationFailed(f"account {account.name!r} may use at most {account.gpu_limit} GPU(s) at once")
+    time_limit_min = req.time_limit_min or app.settings.default_time_limit_min
+    return _Admitted(params, gpus, account, keyed_job, time_limit_min)
 
-    fingerprint = request_fingerprint(raw_body)
-    if keyed_job is not None:
-        return _replay(app, session, keyed_job, fingerprint), True
 
-    _check_resources(app, req, gpus, template.max_gpus)
-    settings = app.settings
-    time_limit_min = req.time_limit_min or settings.default_time_limit_min
+def _check_budget(app: AppState, session: Session, admitted: _Admitted, req: SubmitRequest) -> None:
+    """The 402 check; holds the account's budget lock until the session's transaction ends."""
+    account = admitted.account
     if account.prepaid_credit_nanos is not None or account.monthly_limit_nanos is not None:
         check_submit(
             session,
             account.name,
-            gpus=gpus,
+            gpus=admitted.gpus,
             gpu_type=req.gpu_type,
-            time_limit_min=time_limit_min,
-            currency=settings.currency,
+            time_limit_min=admitted.time_limit_min,
+            currency=app.settings.currency,
             now=app.clock(),
         )
+
+
+def _new_job(
+    app: AppState, caller: Principal, req: SubmitRequest, admitted: _Admitted, idempotency_key: str | None, fingerprint: str
+) -> Job:
+    settings = app.settings
     job_id = str(uuid.uuid4())
-    job = Job(
+    return Job(
         id=job_id,
         account=caller.account,
         owner=caller.sub,
         name=req.name or req.template,
         template=req.template,
-        params=params,
-        gpus=gpus,
+        params=admitted.params,
+        gpus=admitted.gpus,
         gpu_type=req.gpu_type,
         cpus=req.cpus or settings.default_cpus,
         mem_gb=req.mem_gb or settings.default_mem_gb,
-        time_limit_min=time_limit_min,
+        time_limit_min=admitted.time_limit_min,
         container_image=req.container_image,
         job_dir=str(Path(settings.job_root) / caller.account / job_id),
         state=SUBMITTING,
@@ -302,6 +316,64 @@ def submit(
         request_hash=fingerprint,
         submit_attempted_at=utcnow(),
     )
+
+
+@dataclass(frozen=True)
+class Quote:
+    """What a submit of this request would cost at most, and when Slurm would start it; nothing was created."""
+
+    gpus: int
+    gpu_type: str | None
+    time_limit_min: int
+    cost: WorstCase
+    currency: str
+    estimated_start: dt.datetime | None
+
+
+def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest) -> Quote:
+    """A dry run of ``submit``: its checks and refusals, then ``sbatch --test-only`` as the tenant.
+
+    No row, no folder, no Slurm job: the job id in the rendered script is made
+    for this call and never stored. An Idempotency-Key plays no part; a dry run
+    replays nothing and reserves nothing.
+    """
+    admitted = _admit(app, session, caller, req, None)
+    template = app.templates[req.template]
+    _check_resources(app, req, admitted.gpus, template.max_gpus)
+    try:
+        _check_budget(app, session, admitted, req)
+        cost = worst_case(
+            load_prices(session), gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
+            now=app.clock(),
+        )
+    finally:
+        session.rollback()  # ends the budget lock before Slurm is asked; nothing was written
+    if req.callback_url is not None:
+        check_destination(req.callback_url, allowed_networks(app.settings.webhook_allow_cidrs))
+    job = _new_job(app, caller, req, admitted, None, "")
+    rendered = render(_spec(app, job))
+    estimated = app.slurm.test_submit(job.account, job.id, rendered.script, rendered.options)
+    return Quote(admitted.gpus, req.gpu_type, admitted.time_limit_min, cost, app.settings.currency, estimated)
+
+
+def submit(
+    app: AppState,
+    session: Session,
+    caller: Principal,
+    req: SubmitRequest,
+    raw_body: dict[str, Any],
+    idempotency_key: str | None,
+) -> tuple[Job, bool]:
+    """Create and submit the job; returns (job, replayed)."""
+    admitted = _admit(app, session, caller, req, idempotency_key)
+    fingerprint = request_fingerprint(raw_body)
+    if admitted.keyed_job is not None:
+        return _replay(app, session, admitted.keyed_job, fingerprint), True
+
+    template = app.templates[req.template]
+    _check_resources(app, req, admitted.gpus, template.max_gpus)
+    _check_budget(app, session, admitted, req)
+    job = _new_job(app, caller, req, admitted, idempotency_key, fingerprint)
     rendered = render(_spec(app, job))
     session.add(job)
     if template.session is not None:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from billing.meter import PriceBook, period_of
 from billing.money import format_nanos
 from billing.prices import load_prices
-from gpupool.errors import NotFound, PaymentRequired
+from gpupool.errors import NotFound, PaymentRequired, PriceMissing
 from gpupool.models import Account, Adjustment, Job, LedgerEntry
 
 
@@ -127,6 +127,31 @@ def lock_budget(session: Session, account: str, now: dt.datetime) -> Balance:
     return _read_balance(session, _balance_query(account, now).with_for_update(of=Account, key_share=True), account)
 
 
+@dataclass(frozen=True)
+class WorstCase:
+    """A job's most it can cost: every GPU busy for the whole time limit, at the highest price it may run at."""
+
+    gpu_seconds: int
+    unit_price_nanos: int | None  # None: no price is set that this job's GPUs would be billed at
+    price_missing: PriceMissing | None = None  # then, why
+
+    @property
+    def amount_nanos(self) -> int | None:
+        return None if self.unit_price_nanos is None else self.gpu_seconds * self.unit_price_nanos
+
+
+def worst_case(prices: PriceBook, *, gpus: int, gpu_type: str | None, time_limit_min: int, now: dt.datetime) -> WorstCase:
+    """The worst case ``check_submit`` holds a job to, and a quote shows: one computation for both.
+
+    With no GPU type asked for, the job may land on any, so the highest price of any type counts.
+    """
+    gpu_seconds = max(gpus, 0) * time_limit_min * 60
+    try:
+        return WorstCase(gpu_seconds, prices.highest(gpu_type, now))
+    except PriceMissing as exc:
+        return WorstCase(gpu_seconds, None, exc)
+
+
 def check_submit(
     session: Session,
     account: str,
@@ -160,7 +185,10 @@ def check_submit(
     if gpus <= 0:
         return
     prices = load_prices(session)
-    worst = gpus * time_limit_min * 60 * prices.highest(gpu_type, now)
+    cost = worst_case(prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now)
+    if cost.unit_price_nanos is None:
+        raise cost.price_missing or PriceMissing(f"no price for GPU type {gpu_type!r}")
+    worst = cost.gpu_seconds * cost.unit_price_nanos
     left -= _committed_nanos(session, account, prices, now)
     if worst > left:
         raise PaymentRequired(

@@ -47,7 +47,7 @@ NOT_REPORTED = "NotReportedBySlurm"
 _READ_COLUMNS = (
     Job.id, Job.account, Job.slurm_job_id, Job.state, Job.reason, Job.submitted_at, Job.started_at, Job.ended_at,
     Job.node, Job.finished, Job.exit_code, Job.exit_signal, Job.elapsed_s, Job.last_seen_at, Job.updated_at,
-    Job.submit_attempted_at, Job.created_at,
+    Job.submit_attempted_at, Job.created_at, Job.expected_start_at,
 )
 TrackedJob = Job | Row[Any]
 # Above this many changed rows the write phase reads every unfinished job rather than list their ids.
@@ -72,6 +72,8 @@ def _queue_values(entry: QueueEntry, submitted_at: dt.datetime | None) -> dict[s
         "submitted_at": entry.submitted_at or submitted_at,
         "started_at": entry.started_at,
         "node": entry.node if entry.state != "PENDING" else None,
+        # From the same squeue row (its %S): an estimate costs no Slurm call of its own.
+        "expected_start_at": entry.expected_start if entry.state == "PENDING" else None,
     }
 
 
@@ -84,6 +86,8 @@ def _accounting_values(entry: AccountingEntry, submitted_at: dt.datetime | None)
         "ended_at": entry.ended_at if entry.state in TERMINAL_STATES else None,
         "node": entry.node,
     }
+    if entry.state != "PENDING":
+        values["expected_start_at"] = None
     if entry.state in TERMINAL_STATES:
         values.update(finished=True, exit_code=entry.exit_code, exit_signal=entry.exit_signal, elapsed_s=entry.elapsed_s)
     return values
@@ -248,7 +252,18 @@ class JobStateRefresher:
             if record is not None and (entry is None or entry.state in TERMINAL_STATES):
                 values |= _accounting_values(record, values.get("submitted_at", job.submitted_at))
             values |= self._seen_values(job, entry is not None or record is not None, now)
+            if self._estimate_passed(job.expected_start_at, values.get("expected_start_at"), now):
+                del values["expected_start_at"]
         return {column: value for column, value in values.items() if getattr(job, column) != value}
+
+    def _estimate_passed(self, stored: dt.datetime | None, listed: dt.datetime | None, now: dt.datetime) -> bool:
+        """Both estimates are already due: only the clock moved them, so the row is not rewritten for it.
+
+        Slurm may report an estimate that has passed as its own "now", which would
+        otherwise rewrite every such pending job's row on every refresh.
+        """
+        due = now + self.interval
+        return stored is not None and listed is not None and stored <= due and listed <= due
 
     def _queue_entry(self, job: TrackedJob, queue: Mapping[int, QueueEntry]) -> QueueEntry | None:
         """squeue's row for ``job``, believed only from its own account's tenant user, with its tag or none."""
@@ -265,7 +280,7 @@ class JobStateRefresher:
             return {}
         if now - (job.last_seen_at or job.updated_at) < self.unknown_after:
             return {}
-        return {"state": UNKNOWN, "reason": NOT_REPORTED, "finished": True}
+        return {"state": UNKNOWN, "reason": NOT_REPORTED, "finished": True, "expected_start_at": None}
 
     def _submission_values(self, job: TrackedJob, entry: QueueEntry | None, now: dt.datetime) -> dict[str, Any]:
         """A job whose sbatch never returned an id: adopted once its tag is queued, lost after the grace."""
@@ -273,7 +288,7 @@ class JobStateRefresher:
             return _queue_values(entry, job.submitted_at)
         attempted = job.submit_attempted_at or job.created_at
         if job.state == SUBMITTING and now - attempted > self.submission_grace:
-            return {"state": "FAILED", "reason": SUBMISSION_LOST, "finished": True, "ended_at": now}
+            return {"state": "FAILED", "reason": SUBMISSION_LOST, "finished": True, "ended_at": now, "expected_start_at": None}
         return {}
 
     @staticmethod

@@ -25,7 +25,7 @@ from api.auth import PAGE_SESSION_KEY, count_unauthenticated, principal_for_toke
 from api.context import app_state, calendar_now, db_session, principal
 from api.errors import status_for
 from api.metrics import JOBS_SUBMITTED
-from api.submission import submit
+from api.submission import quote, request_fingerprint, submit
 from api.web import charts
 from api.web.forms import RESOURCE_FIELDS, param_fields, submit_body
 from api.web.session import check_csrf, csrf_token, start_session
@@ -58,6 +58,8 @@ CONTENT_SECURITY_POLICY = "default-src 'self'; base-uri 'none'; form-action 'sel
 # How much of a log the job page shows before its script follows the rest.
 LOG_TAIL_BYTES = 64 * 1024
 _SUBMISSION_FIELD = "submission"
+# The fingerprint of the body the page quoted: the one body its confirm button submits.
+_QUOTED_FIELD = "quoted"
 
 
 # -- plumbing -----------------------------------------------------------------
@@ -272,7 +274,14 @@ def job_log_data(job_id: str) -> Response:
 # -- submit -------------------------------------------------------------------
 
 
-def _submit_page(template_name: str, *, entered: dict[str, str] | None, error: GpupoolError | None) -> tuple[str, int]:
+def _submit_page(
+    template_name: str,
+    *,
+    entered: dict[str, str] | None,
+    error: GpupoolError | None,
+    quoted: dict[str, Any] | None = None,
+    quoted_body: str | None = None,
+) -> tuple[str, int]:
     app = app_state()
     template = app.templates.get(template_name)
     if template is None:
@@ -294,6 +303,8 @@ def _submit_page(template_name: str, *, entered: dict[str, str] | None, error: G
             submission=values.get(_SUBMISSION_FIELD) or str(uuid.uuid4()),
             error=error,
             field_errors=errors,
+            quote=quoted,
+            quoted_body=quoted_body,
         ),
         status_for(error) if error is not None else 200,
     )
@@ -313,6 +324,11 @@ def _first_template() -> str:
 
 @web_bp.post("/submit")
 def submit_job() -> BaseResponse | tuple[str, int]:
+    """Two steps: the form's values are quoted (the API's dry run), and only a quoted body is submitted.
+
+    Values changed after their quote are quoted again instead of submitted: the
+    customer confirms the cost and start estimate of exactly what is sent.
+    """
     template_name = request.form.get("template", "")
     template = app_state().templates.get(template_name)
     if template is None:
@@ -321,6 +337,10 @@ def submit_job() -> BaseResponse | tuple[str, int]:
     try:
         body = submit_body(template_name, template.parameter_schema(), entered)
         req = jobs_api.submit_request(body)
+        fingerprint = request_fingerprint(body)
+        if request.form.get("action") != "submit" or request.form.get(_QUOTED_FIELD) != fingerprint:
+            found = jobs_api.quote_view(quote(app_state(), db_session(), principal(), req))
+            return _submit_page(template_name, entered=entered, error=None, quoted=found, quoted_body=fingerprint)
         # The form's one-time key: a double click or a resent form submits the job once.
         key = entered.get(_SUBMISSION_FIELD) or None
         job, replayed = submit(app_state(), db_session(), principal(), req, body, key)

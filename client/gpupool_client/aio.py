@@ -140,6 +140,32 @@ class AsyncClient:
         response = await self._request("POST", "/submit", json=body, headers=headers)
         return AsyncJob(self, response.json(), replayed=response.headers.get("Idempotent-Replayed") == "true")
 
+    async def quote(
+        self,
+        template: str,
+        *,
+        gpus: int | None = None,
+        params: dict[str, Any] | None = None,
+        gpu_type: str | None = None,
+        name: str | None = None,
+        container_image: str | None = None,
+        cpus: int | None = None,
+        mem_gb: int | None = None,
+        time_limit_min: int | None = None,
+        idle_timeout_min: int | None = None,
+    ) -> dict[str, Any]:
+        """What ``submit`` with these arguments would cost at most and when Slurm would start it; submits nothing.
+
+        Refused as the submit would be (PaymentRequired when the budget does not cover the worst case).
+        """
+        body = submit_body(
+            template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
+            cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
+        )
+        response = await self._request("POST", "/submit", params={"dry_run": "true"}, json=body)
+        result: dict[str, Any] = response.json()
+        return result
+
     async def job(self, job_id: str) -> AsyncJob:
         return AsyncJob(self, await self._get_job_data(job_id))
 

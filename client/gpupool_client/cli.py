@@ -75,7 +75,29 @@ def _follow_to_stdout(client: Client, job_id: str, stream: str) -> None:
         sys.stdout.flush()
 
 
+def _print_quote(answer: dict[str, Any]) -> None:
+    quote = answer["quote"]
+    cost = quote["worst_case_cost"]
+    price = quote["price_per_gpu_second"]
+    print(f"at most:          {cost + ' ' + quote['currency'] if cost is not None else 'no price set'}")
+    print(f"GPU-seconds:      {quote['gpu_seconds_worst_case']} ({quote['gpus']} GPU(s) x {quote['time_limit_min']} min)")
+    print(f"per GPU-second:   {price + ' ' + quote['currency'] if price is not None else 'no price set'}")
+    print(f"estimated start:  {answer['estimated_start'] or 'no estimate from Slurm'}")
+
+
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    if args.dry_run:
+        if args.wait or args.follow:
+            raise SystemExit("gpupool-client: --dry-run submits nothing, so there is nothing to --wait for or --follow")
+        answer = client.quote(
+            args.template, gpus=args.gpus, params=dict(args.param), gpu_type=args.gpu_type, name=args.name,
+            container_image=args.image, cpus=args.cpus, mem_gb=args.mem_gb, time_limit_min=args.time_limit,
+        )
+        if args.json:
+            _print_json(answer)
+        else:
+            _print_quote(answer)
+        return 0
     job = client.submit(
         args.template,
         gpus=args.gpus,
@@ -230,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--time-limit", type=int, metavar="MINUTES")
     submit.add_argument("--wait", action="store_true", help="wait for the end; exit with the job's exit code")
     submit.add_argument("--follow", action="store_true", help="print the job's output as it runs (implies --wait)")
+    submit.add_argument("--dry-run", action="store_true", help="submit nothing: print the worst-case cost and Slurm's start estimate")
     submit.set_defaults(handler=cmd_submit)
 
     session = reader("session", "start an interactive session (jupyter, webapp) and print its single-use link")

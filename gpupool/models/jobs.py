@@ -68,6 +68,8 @@ class Job(Base):
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     elapsed_s: Mapped[int | None] = mapped_column(Integer)
+    # A pending job's START_TIME in the refresher's squeue: the scheduler's estimate; None: none, or not pending.
+    expected_start_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     # gpupool's reason for ending the job, when it was gpupool (an idle session's stop), beside Slurm's state.
     end_reason: Mapped[str | None] = mapped_column(Text)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -77,6 +78,8 @@ _NOT_SUBMITTED_MARKERS = (
     "Slurm temporarily unable",
     "Resource temporarily unavailable",
 )
+# sbatch --test-only's one line on success (slurm_job_will_run, src/api/job_info.c): only the time is read.
+_WILL_RUN = re.compile(r"^sbatch: Job \d+ to start at (?P<start>\S+) using \d+ processors on nodes ", re.MULTILINE)
 # The job-state squeue: its one free-text column, the comment (%k), last; see SlurmClient.queue.
 _QUEUE_FIELDS = ("%i", "%T", "%r", "%V", "%S", "%e", "%N", "%u", "%a", "%k")
 
@@ -106,6 +109,8 @@ class QueueEntry:
     comment: str
     user: str = ""
     account: str = ""
+    # A pending job's START_TIME: when the scheduler (backfill, usually) expects to start it; None: no estimate yet.
+    expected_start: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -241,17 +246,19 @@ def _queue_entry(row: dict[str, str]) -> QueueEntry | None:
         return None
     state = base_state(row["STATE"])
     comment = row["COMMENT"].strip()
+    start = parse_time(row["START_TIME"])
     return QueueEntry(
         slurm_job_id=job_id,
         state=state,
         reason=_none_if_blank(row["REASON"]),
         submitted_at=parse_time(row["SUBMIT_TIME"]),
-        started_at=parse_time(row["START_TIME"]) if state != "PENDING" else None,
+        started_at=start if state != "PENDING" else None,
         ended_at=parse_time(row["END_TIME"]) if state not in ("PENDING", "RUNNING") else None,
         node=_none_if_blank(row["NODELIST"]),
         comment="" if comment == "(null)" else comment,  # squeue's word for "no comment"
         user=row["USER"].strip(),
         account=row["ACCOUNT"].strip().lower(),
+        expected_start=start if state == "PENDING" else None,
     )
 
 
@@ -284,6 +291,12 @@ def _accounting_entry(row: dict[str, str]) -> AccountingEntry | None:
 def parse_accounting(text: str, delimiter: str) -> JobRows[AccountingEntry]:
     """The job-state sacct (``--parsable2 --delimiter=<delimiter> --format=<_ACCT_FIELDS>``), header-keyed."""
     return _job_rows("sacct", text, delimiter, _ACCT_COLUMNS, _accounting_entry)
+
+
+def parse_will_run(text: str) -> dt.datetime | None:
+    """When ``sbatch --test-only`` (run under TZ=UTC) says the job would start; None when it names no time."""
+    match = _WILL_RUN.search(text)
+    return None if match is None else parse_time(match["start"])
 
 
 def parse_inventory(text: str) -> GpuInventory:
@@ -373,6 +386,29 @@ class SlurmClient:
         if slurm_job_id is None:
             raise SlurmUnavailable(f"sbatch printed no job id: {result.stdout!r}")
         return slurm_job_id
+
+    def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str]) -> dt.datetime | None:
+        """Slurm's estimate of when this job would start (``sbatch --test-only`` as the tenant); nothing is submitted.
+
+        Slurm's refusal is the one a real sbatch of the same job would get, so it is
+        raised as that would be: SlurmRejected, or SlurmUnavailable when Slurm is away.
+        """
+        timeout_s = self.settings.slurm_submit_timeout_s
+        try:
+            # Apart in the metrics: a quote Slurm refuses is no failed submission.
+            result = self._as_tenant(
+                "sbatch --test-only", lambda: self.tenants.test_submit(account, job_id, script, options, timeout_s=timeout_s)
+            )
+        except CommandFailed as exc:
+            if exc.returncode < 0 or any(
+                marker in exc.stderr for marker in (*_NOT_SUBMITTED_MARKERS, *_MAYBE_SUBMITTED_MARKERS)
+            ):
+                raise SlurmUnavailable(f"Slurm could not estimate the job: {exc.stderr.strip() or exc.message}") from exc
+            raise SlurmRejected(f"Slurm refused the job: {exc.stderr.strip() or 'sbatch failed'}", stderr=exc.stderr) from exc
+        try:
+            return parse_will_run(result.stderr + result.stdout)
+        except ParseError as exc:
+            raise SlurmUnavailable(f"unexpected sbatch --test-only output: {exc}") from exc
 
     def queue(self) -> JobRows[QueueEntry]:
         """Every job slurmctld still remembers, of every tenant, in one call.

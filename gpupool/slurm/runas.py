@@ -15,6 +15,7 @@ itself again with an environment of those alone, so no JWT secret or database
 password is ever in it.
 
     submit   write the job's script and its empty logs (a session's port file and secret too) into its new folder, run sbatch as the tenant on the script's bytes
+    test     the same checks, then ``sbatch --test-only`` as the tenant: no folder, no file, no job; Slurm's start estimate
     cancel   scancel the given jobs (or all of the account's) as the tenant
     discard  remove a job folder whose sbatch Slurm refused
     budget   set the account's Slurm budget (GrpTRESMins=gres/gpu), the billing pass's one write
@@ -111,6 +112,8 @@ class TenantActions(Protocol):
     def submit(
         self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, session_secret: str | None = None
     ) -> CommandResult: ...
+
+    def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult: ...
 
     def cancel(self, account: str, slurm_job_ids: Sequence[int] | None = None) -> CommandResult: ...
 
@@ -361,6 +364,22 @@ class DirectTenantActions:
             cwd=str(job_dir),
         )
 
+    def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
+        """``sbatch --test-only`` as the tenant, on what ``submit`` would send: Slurm's estimate, and no job.
+
+        The flag is added here, never taken from the caller (it is not in the
+        option list), so ``submit`` cannot be made a test and this cannot submit.
+        Nothing is written: the folder the options name need not exist, since
+        sbatch only reads it at the job's start, which a test never has.
+        """
+        tenant = self._tenant(account)
+        argv_options = check_submit_options(self.settings, list(options), account, job_id)
+        check_script(script, argv_options)
+        argv = [self.settings.slurm_bin("sbatch"), "--test-only", *argv_options]
+        return run_command(
+            argv, timeout_s=timeout_s, input_text=script, env=self._env(tenant, Path("/")), run_as=tenant.run_as(), cwd="/",
+        )
+
     def _write_service_files(self, job_dir: Path, script: bytes, tenant: Tenant, session_secret: str | None) -> None:
         """The job's script, the record of what was submitted, and its two logs, empty.
 
@@ -526,6 +545,10 @@ class _Handler(socketserver.BaseRequestHandler):
                 account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s, session_secret=secret
             )
             log.info("sbatch as %s for job %s: %s", account, request["job_id"], result.stdout.strip())
+            return _result_payload(result)
+        if op == "test":
+            timeout_s = min(float(request["timeout_s"]), self.server.max_timeout_s)
+            result = actions.test_submit(account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s)
             return _result_payload(result)
         if op == "cancel":
             ids = request.get("slurm_job_ids")
@@ -746,6 +769,10 @@ class RunasClient:
         if session_secret is not None:
             request["session_secret"] = session_secret
         return self._result(["sbatch", *options], self._call(request, timeout_s))
+
+    def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
+        request = {"op": "test", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s}
+        return self._result(["sbatch", "--test-only", *options], self._call(request, timeout_s))
 
     def cancel(self, account: str, slurm_job_ids: Sequence[int] | None = None) -> CommandResult:
         request = {"op": "cancel", "account": account, "slurm_job_ids": None if slurm_job_ids is None else list(slurm_job_ids)}

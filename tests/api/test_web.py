@@ -259,7 +259,9 @@ def test_an_admin_sees_nodes_and_accounts(client: FlaskClient, settings: Setting
     assert f'data-account="{account}"' in accounts
 
 
-def test_submit_from_the_form_runs_the_job(client: FlaskClient, settings: Settings, account: str) -> None:
+def test_submit_from_the_form_runs_the_job(
+    client: FlaskClient, settings: Settings, account: str, session_factory: sessionmaker
+) -> None:
     signed_in(client, settings, account)
     form = client.get("/ui/submit?template=hello")
     assert 'name="param.message"' in form.get_data(as_text=True)
@@ -270,8 +272,21 @@ def test_submit_from_the_form_runs_the_job(client: FlaskClient, settings: Settin
         "param.message": "from the form",
         "param.seconds": "0",
         "gpus": "1",
+        "time_limit_min": "1",
         "name": "form job",
     }
+    # First the quote, with nothing created; only the body it quoted is submitted.
+    quoted = client.post("/ui/submit", data={**fields, "action": "quote"})
+    assert quoted.status_code == 200
+    page = quoted.get_data(as_text=True)
+    assert 'id="quote-gpu-seconds">60 (1 GPU(s) x 1 min)' in page and 'id="submit-button"' in page
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.account == account)) == 0
+    fields |= {"action": "submit", "quoted": re.search(r'name="quoted" value="([^"]+)"', page).group(1)}  # type: ignore[union-attr]
+    changed = client.post("/ui/submit", data={**fields, "gpus": "2"})
+    assert changed.status_code == 200 and 'id="quote-gpu-seconds">120 (2 GPU(s)' in changed.get_data(as_text=True)
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(Job).where(Job.account == account)) == 0
     answer = client.post("/ui/submit", data=fields)
     assert answer.status_code == 303
     job_id = answer.headers["Location"].rsplit("/", 1)[1]

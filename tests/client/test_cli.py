@@ -92,3 +92,19 @@ def test_reads_print_what_the_api_says(server: Server, token: str, tmp_path: Pat
 
     missing = run_cli(server, token, "status", "00000000-0000-4000-8000-000000000000")
     assert missing.returncode == 1 and "no job" in missing.stderr
+
+
+def test_dry_run_prints_the_quote_and_submits_nothing(server: Server, token: str, client: Client) -> None:
+    before = [job.id for job in client.jobs(limit=200)]
+    quoted = run_cli(server, token, "submit", "hello", "--gpus", "2", "--time-limit", "3", "--dry-run", "--json")
+    assert quoted.returncode == 0, quoted.stderr
+    answer = json.loads(quoted.stdout)
+    assert answer["dry_run"] is True
+    assert answer["quote"]["gpu_seconds_worst_case"] == 2 * 3 * 60
+    assert answer == {**client.quote("hello", gpus=2, time_limit_min=3), "estimated_start": answer["estimated_start"]}
+    shown = run_cli(server, token, "submit", "hello", "--gpus", "2", "--time-limit", "3", "--dry-run")
+    assert shown.returncode == 0, shown.stderr
+    assert "GPU-seconds:      360 (2 GPU(s) x 3 min)" in shown.stdout and "estimated start:" in shown.stdout
+    refused = run_cli(server, token, "submit", "hello", "--dry-run", "--wait")
+    assert refused.returncode != 0 and "--dry-run submits nothing" in refused.stderr
+    assert [job.id for job in client.jobs(limit=200)] == before

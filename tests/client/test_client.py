@@ -111,3 +111,15 @@ def test_async_client_submits_waits_follows_and_lists(server: Server, token: str
     assert (state, exit_code) == ("COMPLETED", 0)
     assert lines == ["line 1\n", "line 2\n", "line 3\n"]
     assert job_id in listed
+
+
+def test_both_clients_quote_what_a_submit_would_cost(server: Server, token: str, client: Client) -> None:
+    async def quoted() -> dict:
+        async with AsyncClient(server.url, token) as api:
+            return await api.quote("hello", gpus=1, time_limit_min=5)
+
+    answer = client.quote("hello", gpus=1, time_limit_min=5)
+    assert answer["quote"]["gpu_seconds_worst_case"] == 300 and answer["would_be_admitted"] is True
+    assert asyncio.run(quoted())["quote"] == answer["quote"]
+    with pytest.raises(ValidationFailed):
+        client.quote("hello", params={"seconds": "soon"})

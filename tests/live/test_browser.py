@@ -151,6 +151,10 @@ def test_a_customer_submits_follows_and_is_billed(
     seconds = browser.find_element(By.ID, "param.seconds")
     seconds.clear()
     seconds.send_keys("3")
+    browser.find_element(By.ID, "quote-button").click()
+    # The quote comes before the confirmation: the worst case and Slurm's estimate, nothing submitted yet.
+    wait_for(lambda: browser.find_elements(By.ID, "quote"), timeout_s=30, what="the quote")
+    assert browser.find_element(By.ID, "quote-start").text != ""
     browser.find_element(By.ID, "submit-button").click()
     wait_for(lambda: "/ui/jobs/" in browser.current_url, timeout_s=30, what="the job page after submit")
     job_url = browser.current_url

@@ -74,6 +74,8 @@ def replaced(name: str, value: str | None) -> Callable[[list[str]], list[str]]:
         (lambda opts: [*opts, "--uid=0"], "not one gpupool submits"),
         (lambda opts: [*opts, "--export=ALL,LD_PRELOAD=/tmp/x.so"], "not one gpupool submits"),
         (lambda opts: [*opts, "--wrap=id"], "not one gpupool submits"),
+        # Only the helper's own test operation adds it: a caller cannot make a submit a test, or the reverse.
+        (lambda opts: [*opts, "--test-only"], "not one gpupool submits"),
         (lambda opts: [*opts, "--qos=high"], "not one gpupool submits"),
         (lambda opts: [*opts, "--container-name=other"], "not one gpupool submits"),
         (lambda opts: [*opts, "--acc=root"], "not one gpupool submits"),  # getopt would take the prefix

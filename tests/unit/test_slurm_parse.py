@@ -165,7 +165,8 @@ def test_parse_queue_exact() -> None:
     assert queue == {
         41: QueueEntry(41, "PENDING", "Resources", utc(2026, 11, 29, 18, 2, 11), None, None, None, "gpupool:j-41", *acme),
         # A pending job's START_TIME is an estimate, not a start.
-        42: QueueEntry(42, "PENDING", "Priority", utc(2026, 11, 29, 18, 2, 12), None, None, None, "gpupool:j-42", *acme),
+        42: QueueEntry(42, "PENDING", "Priority", utc(2026, 11, 29, 18, 2, 12), None, None, None, "gpupool:j-42", *acme,
+                       expected_start=utc(2026, 11, 29, 19, 1, 6)),
         # A running job's END_TIME is only its time limit.
         40: QueueEntry(40, "RUNNING", None, utc(2026, 11, 29, 18, 1, 5), utc(2026, 11, 29, 18, 1, 6), None, "vm", "gpupool:j-40", *acme),
         39: QueueEntry(39, "COMPLETING", None, utc(2026, 11, 29, 17, 59, 0), utc(2026, 11, 29, 17, 59, 1),
