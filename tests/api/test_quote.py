@@ -13,7 +13,7 @@ from sqlalchemy.orm import sessionmaker
 from billing.prices import set_price
 from gpupool.config import Settings
 from gpupool.models import Account, Job
-from gpupool.slurm import SlurmClient
+from gpupool.slurm.client import SlurmClient
 from tests.conftest import add_account_row, bearer, slurm_cmd, throwaway_slurm_account, utc, wait_for, wait_for_state
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from gpupool.config import Settings
 from gpupool.jobstate import JobStateRefresher, SlurmAnswers
 from gpupool.models import Job
-from gpupool.slurm import SlurmClient, parse_queue, parse_will_run
-from gpupool.slurm_parse import parse_delimited, parse_time
+from gpupool.slurm.client import SlurmClient, parse_queue, parse_will_run
+from gpupool.slurm.parse import parse_delimited, parse_time
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDED = "|5f2a9c7e01bd|"
