@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, select, text
+from sqlalchemy import and_, delete, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -31,11 +31,12 @@ from gpupool.errors import (
     Unauthorized,
     ValidationFailed,
 )
-from gpupool.models import Account, Job, JobSession
+from gpupool.models import Account, Job, JobSession, JobTask
 from gpupool.models.jobs import SUBMITTING
-from gpupool.render import JobSpec, RenderedJob, render
+from gpupool.render import ArraySpec, JobSpec, RenderedJob, param_text, render
 from gpupool.sessions import new_session
 from gpupool.slurm import GpuInventory
+from gpupool.templates import Template
 from gpupool.tokens import Principal
 from gpupool.webhooks import add_job_callback
 
@@ -155,6 +156,18 @@ def _finish_unknown_submission(app: AppState, session: Session, job: Job) -> Non
     _run_sbatch(app, session, job, rendered)
 
 
+def _array_spec(job: Job) -> ArraySpec | None:
+    if job.array_size is None:
+        return None
+    sweep = job.sweep or {}
+    return ArraySpec(
+        count=job.array_size,
+        max_parallel=job.array_max_parallel,
+        sweep_param=sweep.get("param"),
+        sweep_values=tuple(param_text(value) for value in sweep.get("values", ())),
+    )
+
+
 def _spec(app: AppState, job: Job) -> JobSpec:
     template = app.templates[job.template]
     return JobSpec(
@@ -175,6 +188,7 @@ def _spec(app: AppState, job: Job) -> JobSpec:
         container_image=job.container_image,
         container_mounts=app.settings.container_mounts,
         session_ports=app.settings.session_ports if template.session is not None else None,
+        array=_array_spec(job),
     )
 
 
@@ -184,6 +198,7 @@ def _forget(app: AppState, session: Session, job: Job) -> None:
     if record is not None:
         session.delete(record)
         session.flush()
+    session.execute(delete(JobTask).where(JobTask.job_id == job.id))
     session.delete(job)
     session.commit()
     try:
@@ -198,7 +213,8 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     try:
         record = session.get(JobSession, job.id)
         slurm_job_id = app.slurm.submit(
-            job.account, job.id, rendered.script, rendered.options, session_secret=None if record is None else record.secret
+            job.account, job.id, rendered.script, rendered.options, session_secret=None if record is None else record.secret,
+            array_values=rendered.array_values,
         )
     except (CommandTimedOut, SubmissionUncertain) as exc:
         # sbatch may still have reached slurmctld: never guess, look for the tag.
@@ -235,6 +251,57 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     session.commit()
 
 
+class _ArrayShape:
+    """What a request's ``array`` and ``sweep`` ask for, checked against the template and the operator's bound."""
+
+    def __init__(self, count: int, max_parallel: int | None, param: str | None, values: list[Any]) -> None:
+        self.count, self.max_parallel, self.param, self.values = count, max_parallel, param, values
+
+
+def _array_shape(settings: Settings, template: Template, req: SubmitRequest) -> tuple[dict[str, Any], _ArrayShape | None]:
+    """The job's own params and its array shape (None: a single job)."""
+    if req.array is None and req.sweep is None:
+        return template.validate_params(req.params), None
+    if template.session is not None:
+        raise ValidationFailed(f"template {req.template!r} runs interactive sessions, which cannot be array jobs")
+    limit = settings.max_array_tasks
+    max_parallel = req.array.max_parallel if req.array is not None else None
+    count = req.array.count if req.array is not None else None
+    if req.sweep is None:
+        if count is None:
+            raise ValidationFailed("array.count is required without a sweep")
+        if count > limit:
+            raise ValidationFailed(f"array.count may be at most {limit} on this cluster", max_array_tasks=limit)
+        return template.validate_params(req.params), _ArrayShape(count, max_parallel, None, [])
+    if len(req.sweep) != 1:
+        raise ValidationFailed("sweep names exactly one parameter: {\"param\": [v1, v2, ...]}")
+    ((param, raw_values),) = req.sweep.items()
+    if param not in template.params_model.model_fields:
+        raise ValidationFailed(f"template {req.template!r} has no parameter {param!r} to sweep")
+    if param in req.params:
+        raise ValidationFailed(f"param {param!r} is swept: give its values in sweep only, not in params too")
+    if not raw_values:
+        raise ValidationFailed("a sweep needs at least one value")
+    if len(raw_values) > limit:
+        raise ValidationFailed(f"a sweep may have at most {limit} values on this cluster", max_array_tasks=limit)
+    if count is not None and count != len(raw_values):
+        raise ValidationFailed(f"array.count is {count} but the sweep has {len(raw_values)} values; give one or the other")
+    values: list[Any] = []
+    params: dict[str, Any] = {}
+    for index, raw in enumerate(raw_values):
+        try:
+            validated = template.validate_params({**req.params, param: raw})
+        except ValidationFailed as exc:
+            raise ValidationFailed(f"sweep value {index}: {exc.message}", **exc.details) from exc
+        value = validated.pop(param)
+        text_value = param_text(value)
+        if "\x00" in text_value:
+            raise ValidationFailed(f"sweep value {index} contains a NUL character, which no file a task reads can carry")
+        values.append(value)
+        params = validated
+    return params, _ArrayShape(len(values), max_parallel, param, values)
+
+
 def submit(
     app: AppState,
     session: Session,
@@ -249,7 +316,7 @@ def submit(
         raise ValidationFailed(
             f"unknown template {req.template!r}; see GET /templates", allowed=sorted(app.templates)
         )
-    params = template.validate_params(req.params)
+    params, array = _array_shape(app.settings, template, req)
     if template.session is None and req.idle_timeout_min is not None:
         raise ValidationFailed(f"idle_timeout_min applies to session templates only; {req.template!r} is not one")
     gpus = req.gpus if req.gpus is not None else template.default_gpus
@@ -280,6 +347,7 @@ def submit(
             time_limit_min=time_limit_min,
             currency=settings.currency,
             now=app.clock(),
+            tasks=array.count if array is not None else 1,
         )
     job_id = str(uuid.uuid4())
     job = Job(
@@ -301,9 +369,15 @@ def submit(
         idempotency_key=idempotency_key,
         request_hash=fingerprint,
         submit_attempted_at=utcnow(),
+        array_size=array.count if array is not None else None,
+        array_max_parallel=array.max_parallel if array is not None else None,
+        sweep={"param": array.param, "values": array.values} if array is not None and array.param is not None else None,
     )
     rendered = render(_spec(app, job))
     session.add(job)
+    if array is not None:
+        session.flush()  # the job row first, as for a session
+        session.add_all(JobTask(job_id=job.id, task_index=index, state="PENDING", finished=False) for index in range(array.count))
     if template.session is not None:
         session.flush()  # the job row first: the models declare no relationships to order the inserts
         session.add(new_session(job.id, template, req.idle_timeout_min))

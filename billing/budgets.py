@@ -97,7 +97,7 @@ def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.
         .scalar_subquery()
     )
     jobs = session.execute(
-        select(Job.gpus, Job.gpu_type, Job.time_limit_min, billed).where(
+        select(Job.gpus * func.coalesce(Job.array_size, 1), Job.gpu_type, Job.time_limit_min, billed).where(
             Job.account == account, Job.finished.is_(False), Job.gpus > 0
         )
     )
@@ -136,10 +136,12 @@ def check_submit(
     time_limit_min: int,
     currency: str,
     now: dt.datetime,
+    tasks: int = 1,
 ) -> None:
     """Raise PaymentRequired unless the account's budget covers this job's worst case.
 
-    The worst case is GPUs x time limit x price, at the highest price of any
+    The worst case is GPUs x time limit x price (x tasks, for an array job: each
+    task may run to its limit), at the highest price of any
     type when no type is asked for; jobs already queued or running count
     with their own worst case, less what they have been billed so far.
     Holds the account's budget lock (``lock_budget``) until the caller's
@@ -160,12 +162,13 @@ def check_submit(
     if gpus <= 0:
         return
     prices = load_prices(session)
-    worst = gpus * time_limit_min * 60 * prices.highest(gpu_type, now)
+    worst = tasks * gpus * time_limit_min * 60 * prices.highest(gpu_type, now)
     left -= _committed_nanos(session, account, prices, now)
     if worst > left:
+        shape = f"{tasks} task(s) x " if tasks > 1 else ""
         raise PaymentRequired(
             f"this job could cost up to {format_nanos(worst)} {currency} "
-            f"({gpus} GPU(s) x {time_limit_min} min), but account {account} has "
+            f"({shape}{gpus} GPU(s) x {time_limit_min} min), but account {account} has "
             f"{format_nanos(max(left, 0))} {currency} left after its queued and running jobs; "
             "ask for fewer GPUs or a shorter time limit",
             remaining=format_nanos(max(left, 0)),
