@@ -16,7 +16,16 @@ from sqlalchemy.orm import Session
 
 from api.context import app_state, db_session, principal
 from api.metrics import JOBS_SUBMITTED
-from api.schemas import IDEMPOTENCY_KEY_PATTERN, JOB_STATES, JobOut, QuoteDetail, QuoteOut, SubmitRequest
+from api.schemas import (
+    IDEMPOTENCY_KEY_PATTERN,
+    JOB_STATES,
+    JobOut,
+    QuoteDetail,
+    QuoteOut,
+    SubmitRequest,
+    TaskCounts,
+    TaskOut,
+)
 from api.submission import Quote, quote, submit
 from billing.money import format_nanos
 from gpupool import joblogs
@@ -31,7 +40,7 @@ from gpupool.errors import (
     ValidationFailed,
 )
 from gpupool.jobstate import NOT_REPORTED, SUBMISSION_LOST
-from gpupool.models import Account, Job
+from gpupool.models import Account, Job, JobTask
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import log_path
 from gpupool.templates import validation_error_list
@@ -48,7 +57,36 @@ MAX_LOG_LINES = 10_000
 MAX_LOG_OFFSET = 2**53 - 1
 
 
-def job_view(job: Job, now: dt.datetime | None = None, *, queue_position: int | None = None) -> dict[str, Any]:
+def task_counts(session: Session, job_ids: list[str]) -> dict[str, dict[str, int]]:
+    """Tasks per state of each array job in ``job_ids``: one grouped query for a page of jobs."""
+    counts: dict[str, dict[str, int]] = {}
+    if job_ids:
+        rows = session.execute(
+            select(JobTask.job_id, JobTask.state, func.count())
+            .where(JobTask.job_id.in_(job_ids))
+            .group_by(JobTask.job_id, JobTask.state)
+        )
+        for job_id, state, count in rows:
+            counts.setdefault(job_id, {})[state] = int(count)
+    return counts
+
+
+def _array_view(job: Job, counts: dict[str, dict[str, int]] | None) -> TaskCounts | None:
+    if job.array_size is None:
+        return None
+    if counts is None:
+        counts = task_counts(db_session(), [job.id])
+    return TaskCounts(
+        count=job.array_size,
+        max_parallel=job.array_max_parallel,
+        sweep_param=(job.sweep or {}).get("param"),
+        states=dict(sorted(counts.get(job.id, {}).items())),
+    )
+
+
+def job_view(
+    job: Job, now: dt.datetime | None = None, counts: dict[str, dict[str, int]] | None = None, *, queue_position: int | None = None
+) -> dict[str, Any]:
     state_word = job.state
     reason = job.reason
     if state_word == SUBMITTING:
@@ -83,6 +121,7 @@ def job_view(job: Job, now: dt.datetime | None = None, *, queue_position: int | 
         session=_is_session(job),
         estimated_start=job.expected_start_at if job.state == "PENDING" else None,
         queue_position=queue_position,
+        array=_array_view(job, counts),
     ).model_dump(mode="json")
 
 
@@ -304,9 +343,93 @@ def list_jobs() -> Response:
     rows = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
     page, more = rows[:limit], len(rows) > limit
     now = utcnow()
+    counts = task_counts(session, [job.id for job in page if job.array_size is not None])
     return jsonify(
-        {"jobs": [job_view(job, now) for job in page], "next_cursor": _encode_cursor(page[-1]) if more else None}
+        {"jobs": [job_view(job, now, counts) for job in page], "next_cursor": _encode_cursor(page[-1]) if more else None}
     )
+
+
+def _task_view(job: Job, task: JobTask, now: dt.datetime) -> dict[str, Any]:
+    elapsed = task.elapsed_s
+    if elapsed is None and task.started_at is not None:
+        elapsed = max(0, int(((task.ended_at or now) - task.started_at).total_seconds()))
+    values = (job.sweep or {}).get("values")
+    return TaskOut(
+        index=task.task_index,
+        slurm_job_id=f"{job.slurm_job_id}_{task.task_index}" if job.slurm_job_id is not None else "",
+        state="PENDING" if job.state == SUBMITTING else task.state,
+        reason=task.reason if task.state == "PENDING" else None,
+        node=task.node,
+        started_at=task.started_at,
+        ended_at=task.ended_at,
+        exit_code=task.exit_code,
+        exit_signal=task.exit_signal,
+        elapsed_s=elapsed,
+        gpu_seconds=None if elapsed is None else elapsed * job.gpus,
+        value=values[task.task_index] if values is not None and task.task_index < len(values) else None,
+        logs=url_for("jobs.task_logs", job_id=job.id, index=task.task_index),
+    ).model_dump(mode="json")
+
+
+def _array_job(job_id: str) -> Job:
+    job = _visible_job(job_id)
+    if job.array_size is None:
+        raise NotFound(f"job {job.id} is not an array job; it has no tasks", code="not_an_array")
+    return job
+
+
+def _task(job: Job, index: str) -> JobTask:
+    task = db_session().get(JobTask, (job.id, int(index))) if index.isdigit() and len(index) <= 6 else None
+    if task is None:
+        raise NotFound(f"job {job.id} has no task {index!r}; its tasks are 0 to {(job.array_size or 1) - 1}")
+    return task
+
+
+@jobs_bp.get("/jobs/<job_id>/tasks")
+def list_tasks(job_id: str) -> Response:
+    """An array job's tasks in index order, paged: ``?limit=`` and ``?cursor=`` (the next index)."""
+    job = _array_job(job_id)
+    _refresh_if_unfinished(job)
+    limit = _int_arg("limit", 100, 1, MAX_PAGE)
+    start = _int_arg("cursor", 0, 0, 10**6)
+    session = db_session()
+    rows = list(
+        session.scalars(
+            select(JobTask).where(JobTask.job_id == job.id, JobTask.task_index >= start)
+            .order_by(JobTask.task_index).limit(limit + 1)
+        )
+    )
+    page, more = rows[:limit], len(rows) > limit
+    now = utcnow()
+    return jsonify(
+        {"tasks": [_task_view(job, task, now) for task in page], "next_cursor": str(rows[limit].task_index) if more else None}
+    )
+
+
+@jobs_bp.get("/jobs/<job_id>/tasks/<index>")
+def get_task(job_id: str, index: str) -> Response:
+    job = _array_job(job_id)
+    _refresh_if_unfinished(job)
+    return jsonify(_task_view(job, _task(job, index), utcnow()))
+
+
+@jobs_bp.delete("/jobs/<job_id>/tasks/<index>")
+def cancel_task(job_id: str, index: str) -> tuple[Response, int]:
+    """Cancel one task of an array job; its other tasks go on."""
+    job = _array_job(job_id)
+    _refresh_if_unfinished(job)
+    task = _task(job, index)
+    if task.finished:
+        raise Conflict(f"task {task.task_index} of job {job.id} has already ended ({task.state})", code="task_finished")
+    if job.slurm_job_id is None:
+        raise Conflict("the job is still being submitted; retry in a few seconds", code="job_submitting")
+    log.info("task %s of job %s (Slurm %s) cancelled by %s", task.task_index, job.id, job.slurm_job_id, principal().sub)
+    try:
+        app_state().slurm.cancel(job.slurm_job_id, job.account, task=task.task_index)
+    except CommandFailed as exc:
+        if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
+            raise
+    return jsonify(_task_view(job, task, utcnow())), 202
 
 
 @jobs_bp.delete("/jobs/<job_id>")
@@ -340,6 +463,22 @@ def job_logs(job_id: str) -> Response:
     a follower costs a worker one bounded read per poll.
     """
     job = _visible_job(job_id)
+    if job.array_size is not None:
+        raise NotFound(
+            f"job {job.id} is an array job: each task has its own logs, at /jobs/{job.id}/tasks/<index>/logs",
+            code="array_job_logs",
+        )
+    return _log_response(job, None)
+
+
+@jobs_bp.get("/jobs/<job_id>/tasks/<index>/logs")
+def task_logs(job_id: str, index: str) -> Response:
+    """One array task's log, read as a job's is (``?stream=``, ``?tail=``, ``?offset=``, ``?limit=``)."""
+    job = _array_job(job_id)
+    return _log_response(job, _task(job, index))
+
+
+def _log_response(job: Job, task: JobTask | None) -> Response:
     stream = request.args.get("stream", "stdout")
     if stream not in ("stdout", "stderr"):
         raise BadRequest("stream must be stdout or stderr")
@@ -355,9 +494,14 @@ def job_logs(job_id: str) -> Response:
     # State first: a job seen finished here has written its last byte, so an offset
     # that reaches the size read below is truly the end.
     _refresh_if_unfinished(job)
+    finished = job.finished
+    if task is not None:
+        db_session().refresh(task)
+        finished = task.finished
     account_uid = _account_uid(job)
-    headers = {"Gpupool-Job-State": job_view(job)["state"]}
-    handle = joblogs.open_log(log_path(job.job_dir, stream), owner_uid=account_uid)
+    headers = {"Gpupool-Job-State": job_view(job)["state"] if task is None else task.state}
+    path = log_path(job.job_dir, stream, None if task is None else task.task_index)
+    handle = joblogs.open_log(path, owner_uid=account_uid)
     # No file yet: the job has not started writing, which reads as an empty log.
     content, next_offset, size = b"", offset, 0
     if handle is not None:
@@ -369,5 +513,5 @@ def job_logs(job_id: str) -> Response:
                 content = joblogs.read_tail(handle, lines, max_bytes)
     if following:
         headers["Gpupool-Next-Offset"] = str(next_offset)
-        headers["Gpupool-Log-Complete"] = "true" if job.finished and next_offset == size else "false"
+        headers["Gpupool-Log-Complete"] = "true" if finished and next_offset == size else "false"
     return Response(content, status=200, headers=headers, content_type="text/plain; charset=utf-8")

@@ -19,6 +19,8 @@ from api.schemas import (
     SessionOut,
     SubmitOut,
     SubmitRequest,
+    TaskList,
+    TaskOut,
     TemplateList,
     UsageOut,
     WebhookCreate,
@@ -196,7 +198,7 @@ def _report_schema() -> dict[str, Any]:
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     schemas = _schemas(
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
-        WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut,
+        WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut, TaskList, TaskOut,
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
@@ -204,6 +206,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
         schemas[template.params_model.__name__] = template.parameter_schema()
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
     auth_errors = (401, 429, 503)
+    task_index = {"name": "index", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
     account_param = {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: another account"}
     return {
         "openapi": "3.1.0",
@@ -290,6 +293,47 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                             "headers": _LOG_HEADERS,
                             "content": {"text/plain": {"schema": {"type": "string"}}},
                         },
+                        **_errors(400, 404, 409, *auth_errors),
+                    },
+                }
+            },
+            "/jobs/{job_id}/tasks": {
+                "get": {
+                    "summary": "An array job's tasks in index order, each with its state, exit code, GPU-seconds and sweep value",
+                    "parameters": [
+                        job_id,
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
+                        {"name": "cursor", "in": "query", "schema": {"type": "string"}, "description": "next_cursor of the page before"},
+                    ],
+                    "responses": {"200": {"description": "A page of tasks", "content": _json("TaskList")}, **_errors(400, 404, *auth_errors)},
+                }
+            },
+            "/jobs/{job_id}/tasks/{index}": {
+                "get": {
+                    "summary": "One task of an array job",
+                    "parameters": [job_id, task_index],
+                    "responses": {"200": {"description": "The task", "content": _json("TaskOut")}, **_errors(404, *auth_errors)},
+                },
+                "delete": {
+                    "summary": "Cancel one task of an array job; its other tasks go on (DELETE /jobs/{job_id} cancels them all)",
+                    "parameters": [job_id, task_index],
+                    "responses": {"202": {"description": "Cancel requested", "content": _json("TaskOut")}, **_errors(404, 409, *auth_errors)},
+                },
+            },
+            "/jobs/{job_id}/tasks/{index}/logs": {
+                "get": {
+                    "summary": "One array task's log, read as GET /jobs/{job_id}/logs reads a job's",
+                    "description": _LOGS_DESCRIPTION,
+                    "parameters": [
+                        job_id,
+                        task_index,
+                        {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
+                        {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}},
+                        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LOG_OFFSET}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+                    ],
+                    "responses": {
+                        "200": {"description": "Log bytes", "headers": _LOG_HEADERS, "content": {"text/plain": {"schema": {"type": "string"}}}},
                         **_errors(400, 404, 409, *auth_errors),
                     },
                 }

@@ -21,6 +21,15 @@ def _single_line(value: str) -> str:
     return value
 
 
+class ArrayRequest(BaseModel):
+    """``"array"`` of ``POST /submit``: Slurm's ``--array=0-(count-1)%max_parallel``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    count: int | None = Field(default=None, ge=1, description="Tasks, indices 0 to count-1; with a sweep, its number of values.")
+    max_parallel: int | None = Field(default=None, ge=1, le=99999, description="At most this many tasks run at once.")
+
+
 class SubmitRequest(BaseModel):
     """Body of ``POST /submit``."""
 
@@ -52,6 +61,12 @@ class SubmitRequest(BaseModel):
         ge=1,
         le=7 * 24 * 60,
         description="Session templates only: stop the session after this many idle minutes (at most the template's own).",
+    )
+    array: ArrayRequest | None = Field(default=None, description="Run the job as an array of tasks.")
+    sweep: dict[str, list[Any]] | None = Field(
+        default=None,
+        description='One array task per value of one template parameter: {"param": [v1, v2, ...]}; task i gets value i.',
+        examples=[{"lr": [0.1, 0.01, 0.001]}],
     )
 
 
@@ -89,6 +104,7 @@ class JobOut(BaseModel):
         description="GET /jobs/<id> of a pending job: 1 for the first of gpupool's pending jobs of the same GPU type, "
         "in the order Slurm expects to start them (those without an estimate last, oldest first); null otherwise.",
     )
+    array: TaskCounts | None = Field(default=None, description="An array job's tasks; list them at GET /jobs/<id>/tasks.")
 
 
 class QuoteDetail(BaseModel):
@@ -114,6 +130,36 @@ class QuoteOut(BaseModel):
     estimated_start: dt.datetime | None = Field(
         description="When Slurm would start the job if submitted now (`sbatch --test-only` as the account's tenant)."
     )
+
+
+class TaskCounts(BaseModel):
+    """An array job's tasks: how many there are, how many at once, and how many are in each state."""
+
+    count: int
+    max_parallel: int | None
+    sweep_param: str | None
+    states: dict[str, int] = Field(description="Tasks per state, e.g. {\"RUNNING\": 2, \"PENDING\": 18}.")
+
+
+class TaskOut(BaseModel):
+    index: int
+    slurm_job_id: str = Field(description="Slurm's name for the task: <array job id>_<index>.")
+    state: str
+    reason: str | None
+    node: str | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    exit_code: int | None
+    exit_signal: int | None
+    elapsed_s: int | None
+    gpu_seconds: int | None = Field(description="GPUs x elapsed seconds: what the task's run is billed for.")
+    value: Any = Field(default=None, description="A sweep's value for this task.")
+    logs: str = Field(description="Path of the task's log: GET it with ?stream=stdout|stderr.")
+
+
+class TaskList(BaseModel):
+    tasks: list[TaskOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page.")
 
 
 class JobList(BaseModel):

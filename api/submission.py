@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, select, text
+from sqlalchemy import and_, delete, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -34,11 +34,12 @@ from gpupool.errors import (
     Unauthorized,
     ValidationFailed,
 )
-from gpupool.models import Account, Job, JobSession
+from gpupool.models import Account, Job, JobSession, JobTask
 from gpupool.models.jobs import SUBMITTING
-from gpupool.render import JobSpec, RenderedJob, render
+from gpupool.render import ArraySpec, JobSpec, RenderedJob, param_text, render
 from gpupool.sessions import new_session
 from gpupool.slurm.client import GpuInventory
+from gpupool.templates import Template
 from gpupool.tokens import Principal
 from gpupool.webhooks import add_job_callback, allowed_networks, check_destination
 
@@ -158,6 +159,18 @@ def _finish_unknown_submission(app: AppState, session: Session, job: Job) -> Non
     _run_sbatch(app, session, job, rendered)
 
 
+def _array_spec(job: Job) -> ArraySpec | None:
+    if job.array_size is None:
+        return None
+    sweep = job.sweep or {}
+    return ArraySpec(
+        count=job.array_size,
+        max_parallel=job.array_max_parallel,
+        sweep_param=sweep.get("param"),
+        sweep_values=tuple(param_text(value) for value in sweep.get("values", ())),
+    )
+
+
 def _spec(app: AppState, job: Job) -> JobSpec:
     template = app.templates[job.template]
     return JobSpec(
@@ -178,6 +191,7 @@ def _spec(app: AppState, job: Job) -> JobSpec:
         container_image=job.container_image,
         container_mounts=app.settings.container_mounts,
         session_ports=app.settings.session_ports if template.session is not None else None,
+        array=_array_spec(job),
     )
 
 
@@ -187,6 +201,7 @@ def _forget(app: AppState, session: Session, job: Job) -> None:
     if record is not None:
         session.delete(record)
         session.flush()
+    session.execute(delete(JobTask).where(JobTask.job_id == job.id))
     session.delete(job)
     session.commit()
     try:
@@ -201,7 +216,8 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     try:
         record = session.get(JobSession, job.id)
         slurm_job_id = app.slurm.submit(
-            job.account, job.id, rendered.script, rendered.options, session_secret=None if record is None else record.secret
+            job.account, job.id, rendered.script, rendered.options, session_secret=None if record is None else record.secret,
+            array_values=rendered.array_values,
         )
     except (CommandTimedOut, SubmissionUncertain) as exc:
         # sbatch may still have reached slurmctld: never guess, look for the tag.
@@ -238,6 +254,57 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     session.commit()
 
 
+class _ArrayShape:
+    """What a request's ``array`` and ``sweep`` ask for, checked against the template and the operator's bound."""
+
+    def __init__(self, count: int, max_parallel: int | None, param: str | None, values: list[Any]) -> None:
+        self.count, self.max_parallel, self.param, self.values = count, max_parallel, param, values
+
+
+def _array_shape(settings: Settings, template: Template, req: SubmitRequest) -> tuple[dict[str, Any], _ArrayShape | None]:
+    """The job's own params and its array shape (None: a single job)."""
+    if req.array is None and req.sweep is None:
+        return template.validate_params(req.params), None
+    if template.session is not None:
+        raise ValidationFailed(f"template {req.template!r} runs interactive sessions, which cannot be array jobs")
+    limit = settings.max_array_tasks
+    max_parallel = req.array.max_parallel if req.array is not None else None
+    count = req.array.count if req.array is not None else None
+    if req.sweep is None:
+        if count is None:
+            raise ValidationFailed("array.count is required without a sweep")
+        if count > limit:
+            raise ValidationFailed(f"array.count may be at most {limit} on this cluster", max_array_tasks=limit)
+        return template.validate_params(req.params), _ArrayShape(count, max_parallel, None, [])
+    if len(req.sweep) != 1:
+        raise ValidationFailed("sweep names exactly one parameter: {\"param\": [v1, v2, ...]}")
+    ((param, raw_values),) = req.sweep.items()
+    if param not in template.params_model.model_fields:
+        raise ValidationFailed(f"template {req.template!r} has no parameter {param!r} to sweep")
+    if param in req.params:
+        raise ValidationFailed(f"param {param!r} is swept: give its values in sweep only, not in params too")
+    if not raw_values:
+        raise ValidationFailed("a sweep needs at least one value")
+    if len(raw_values) > limit:
+        raise ValidationFailed(f"a sweep may have at most {limit} values on this cluster", max_array_tasks=limit)
+    if count is not None and count != len(raw_values):
+        raise ValidationFailed(f"array.count is {count} but the sweep has {len(raw_values)} values; give one or the other")
+    values: list[Any] = []
+    params: dict[str, Any] = {}
+    for index, raw in enumerate(raw_values):
+        try:
+            validated = template.validate_params({**req.params, param: raw})
+        except ValidationFailed as exc:
+            raise ValidationFailed(f"sweep value {index}: {exc.message}", **exc.details) from exc
+        value = validated.pop(param)
+        text_value = param_text(value)
+        if "\x00" in text_value:
+            raise ValidationFailed(f"sweep value {index} contains a NUL character, which no file a task reads can carry")
+        values.append(value)
+        params = validated
+    return params, _ArrayShape(len(values), max_parallel, param, values)
+
+
 @dataclass(frozen=True)
 class _Admitted:
     """A request past every check that needs no Slurm answer: what a submit and a quote both start from."""
@@ -247,6 +314,7 @@ class _Admitted:
     account: Account
     keyed_job: Job | None
     time_limit_min: int
+    array: _ArrayShape | None
 
 
 def _admit(
@@ -258,7 +326,7 @@ def _admit(
         raise ValidationFailed(
             f"unknown template {req.template!r}; see GET /templates", allowed=sorted(app.templates)
         )
-    params = template.validate_params(req.params)
+    params, array = _array_shape(app.settings, template, req)
     if template.session is None and req.idle_timeout_min is not None:
         raise ValidationFailed(f"idle_timeout_min applies to session templates only; {req.template!r} is not one")
     gpus = req.gpus if req.gpus is not None else template.default_gpus
@@ -273,7 +341,7 @@ def _admit(
     if account.gpu_limit is not None and gpus > account.gpu_limit:
         raise ValidationFailed(f"account {account.name!r} may use at most {account.gpu_limit} GPU(s) at once")
     time_limit_min = req.time_limit_min or app.settings.default_time_limit_min
-    return _Admitted(params, gpus, account, keyed_job, time_limit_min)
+    return _Admitted(params, gpus, account, keyed_job, time_limit_min, array)
 
 
 def _check_budget(app: AppState, session: Session, admitted: _Admitted, req: SubmitRequest) -> None:
@@ -288,6 +356,7 @@ def _check_budget(app: AppState, session: Session, admitted: _Admitted, req: Sub
             time_limit_min=admitted.time_limit_min,
             currency=app.settings.currency,
             now=app.clock(),
+            tasks=admitted.array.count if admitted.array is not None else 1,
         )
 
 
@@ -315,6 +384,9 @@ def _new_job(
         idempotency_key=idempotency_key,
         request_hash=fingerprint,
         submit_attempted_at=utcnow(),
+        array_size=admitted.array.count if admitted.array is not None else None,
+        array_max_parallel=admitted.array.max_parallel if admitted.array is not None else None,
+        sweep={"param": admitted.array.param, "values": admitted.array.values} if admitted.array is not None and admitted.array.param is not None else None,
     )
 
 
@@ -344,7 +416,7 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
         _check_budget(app, session, admitted, req)
         cost = worst_case(
             load_prices(session), gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
-            now=app.clock(),
+            now=app.clock(), tasks=admitted.array.count if admitted.array is not None else 1,
         )
     finally:
         session.rollback()  # ends the budget lock before Slurm is asked; nothing was written
@@ -376,6 +448,11 @@ def submit(
     job = _new_job(app, caller, req, admitted, idempotency_key, fingerprint)
     rendered = render(_spec(app, job))
     session.add(job)
+    if admitted.array is not None:
+        session.flush()  # the job row first, as for a session
+        session.add_all(
+            JobTask(job_id=job.id, task_index=index, state="PENDING", finished=False) for index in range(admitted.array.count)
+        )
     if template.session is not None:
         session.flush()  # the job row first: the models declare no relationships to order the inserts
         session.add(new_session(job.id, template, req.idle_timeout_min))

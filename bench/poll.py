@@ -5,6 +5,8 @@ p50/p99 latency, and how many squeue/sacct calls the service made, counted by
 wrapper scripts in GPUPOOL_SLURM_BIN_DIR. Targets: >= 1000 req/s on 2 cores,
 Slurm calls <= duration/interval + 2. The baseline beside it is the naive
 design, one `squeue -j` per poll, run at concurrency 8 for a few seconds.
+With ``--array N`` the polled job is an array of N tasks, one running at a time
+(the others pending in one squeue row): its state still costs the one batched squeue.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=30)
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--array", type=int, default=0, help="poll an array job of this many tasks, one running at a time")
     args = parser.parse_args()
     wrk = shutil.which("wrk")
     if wrk is None:
@@ -67,7 +70,10 @@ def main() -> None:
         Path(tmp).chmod(0o755)
         env["calls"].chmod(0o666)
         with gunicorn(env, workers=args.workers, slurm_bin_dir=str(env["wrappers"]), refresh_interval_s=str(INTERVAL_S)) as url:
-            submitted = http("POST", url + "/submit", token=env["token"], body={"template": "hello", "gpus": 1, "params": {"seconds": 600}})
+            body: dict[str, object] = {"template": "hello", "gpus": 1, "params": {"seconds": 600}}
+            if args.array:
+                body["array"] = {"count": args.array, "max_parallel": 1}
+            submitted = http("POST", url + "/submit", token=env["token"], body=body)
             assert submitted.status == 201, submitted.body
             job = submitted.body
             while http("GET", f"{url}/jobs/{job['job_id']}", token=env["token"]).body["state"] != "RUNNING":
@@ -90,14 +96,15 @@ def main() -> None:
     socket_errors = re.search(r"Socket errors:.*", out)
     budget = args.duration / INTERVAL_S + 2
     table(
-        f"bench/poll ({args.connections} pollers, {args.duration} s, {args.workers} gunicorn workers, refresh every {INTERVAL_S:g} s)",
+        f"bench/poll ({args.connections} pollers, {args.duration} s, {args.workers} gunicorn workers, refresh every {INTERVAL_S:g} s"
+        + (f", an array of {args.array} tasks)" if args.array else ")"),
         [
             ("GET /jobs/<id>", f"{rate:.0f} req/s (target >= 1000)"),
             ("latency p50 / p99", f"{wrk_ms(out, '50%'):.1f} ms / {wrk_ms(out, '99%'):.1f} ms"),
             ("non-2xx responses", errors[1] if errors else "0"),
             ("socket errors", socket_errors[0] if socket_errors else "none"),
             ("squeue + sacct calls", f"{queries} (budget {budget:.0f})"),
-            ("job state at the end", final["state"]),
+            ("job state at the end", final["state"] + (f" (tasks {final['array']['states']})" if args.array else "")),
             ("baseline: squeue per poll", f"{baseline:.0f} req/s at concurrency 8"),
             ("ratio to baseline", f"{rate / baseline:.1f}x"),
         ],

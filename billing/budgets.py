@@ -97,7 +97,7 @@ def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.
         .scalar_subquery()
     )
     jobs = session.execute(
-        select(Job.gpus, Job.gpu_type, Job.time_limit_min, billed).where(
+        select(Job.gpus * func.coalesce(Job.array_size, 1), Job.gpu_type, Job.time_limit_min, billed).where(
             Job.account == account, Job.finished.is_(False), Job.gpus > 0
         )
     )
@@ -140,12 +140,15 @@ class WorstCase:
         return None if self.unit_price_nanos is None else self.gpu_seconds * self.unit_price_nanos
 
 
-def worst_case(prices: PriceBook, *, gpus: int, gpu_type: str | None, time_limit_min: int, now: dt.datetime) -> WorstCase:
+def worst_case(
+    prices: PriceBook, *, gpus: int, gpu_type: str | None, time_limit_min: int, now: dt.datetime, tasks: int = 1
+) -> WorstCase:
     """The worst case ``check_submit`` holds a job to, and a quote shows: one computation for both.
 
-    With no GPU type asked for, the job may land on any, so the highest price of any type counts.
+    With no GPU type asked for, the job may land on any, so the highest price of any type counts;
+    each of an array's tasks may run to its limit.
     """
-    gpu_seconds = max(gpus, 0) * time_limit_min * 60
+    gpu_seconds = max(tasks, 1) * max(gpus, 0) * time_limit_min * 60
     try:
         return WorstCase(gpu_seconds, prices.highest(gpu_type, now))
     except PriceMissing as exc:
@@ -161,10 +164,12 @@ def check_submit(
     time_limit_min: int,
     currency: str,
     now: dt.datetime,
+    tasks: int = 1,
 ) -> None:
     """Raise PaymentRequired unless the account's budget covers this job's worst case.
 
-    The worst case is GPUs x time limit x price, at the highest price of any
+    The worst case is GPUs x time limit x price (x tasks, for an array job: each
+    task may run to its limit), at the highest price of any
     type when no type is asked for; jobs already queued or running count
     with their own worst case, less what they have been billed so far.
     Holds the account's budget lock (``lock_budget``) until the caller's
@@ -185,15 +190,16 @@ def check_submit(
     if gpus <= 0:
         return
     prices = load_prices(session)
-    cost = worst_case(prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now)
+    cost = worst_case(prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now, tasks=tasks)
     if cost.unit_price_nanos is None:
         raise cost.price_missing or PriceMissing(f"no price for GPU type {gpu_type!r}")
     worst = cost.gpu_seconds * cost.unit_price_nanos
     left -= _committed_nanos(session, account, prices, now)
     if worst > left:
+        shape = f"{tasks} task(s) x " if tasks > 1 else ""
         raise PaymentRequired(
             f"this job could cost up to {format_nanos(worst)} {currency} "
-            f"({gpus} GPU(s) x {time_limit_min} min), but account {account} has "
+            f"({shape}{gpus} GPU(s) x {time_limit_min} min), but account {account} has "
             f"{format_nanos(max(left, 0))} {currency} left after its queued and running jobs; "
             "ask for fewer GPUs or a shorter time limit",
             remaining=format_nanos(max(left, 0)),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,17 +89,31 @@ def _already_billed(session: Session, span: tuple[int, int] | None) -> dict[RunK
     return billed_by_run((c, j, s, t, int(n), bool(f)) for c, j, s, t, n, f in session.execute(query))
 
 
-def _gpupool_job_ids(session: Session, span: tuple[int, int] | None) -> JobIdLookup:
-    """API job id of a run: the latest job row with its Slurm id and account created before it started."""
+def _array_job_id(run: JobRun) -> int | None:
+    """The array of an array task's run (``123`` of JobID ``123_4``); None for a single job's."""
+    base, underscore, task = run.job_id.partition("_")
+    return int(base) if underscore and base.isdigit() and task.isdigit() else None
+
+
+def _gpupool_job_ids(session: Session, span: tuple[int, int] | None, arrays: AbstractSet[int] = frozenset()) -> JobIdLookup:
+    """API job id of a run: the latest job row with its Slurm id and account created before it started.
+
+    An array task's run belongs to the job of its array's id, which gpupool records.
+    """
     candidates: dict[int, list[tuple[dt.datetime, str, str]]] = {}
     if span is not None:
-        query = select(Job.slurm_job_id, Job.created_at, Job.id, Job.account).where(Job.slurm_job_id.between(*span))
-        for slurm_job_id, created_at, job_id, account in session.execute(query):
-            if slurm_job_id is not None:
-                candidates.setdefault(slurm_job_id, []).append((created_at, job_id, account))
+        columns = (Job.slurm_job_id, Job.created_at, Job.id, Job.account)
+        queries = [select(*columns).where(Job.slurm_job_id.between(*span))]
+        outside = sorted(array for array in arrays if not span[0] <= array <= span[1])
+        if outside:
+            queries.append(select(*columns).where(Job.slurm_job_id.in_(outside)))
+        for query in queries:
+            for slurm_job_id, created_at, job_id, account in session.execute(query):
+                if slurm_job_id is not None:
+                    candidates.setdefault(slurm_job_id, []).append((created_at, job_id, account))
 
     def lookup(run: JobRun) -> str | None:
-        options = candidates.get(run.job_id_raw)
+        options = candidates.get(_array_job_id(run) or run.job_id_raw)
         if not options:
             return None
         eligible = [o for o in options if o[0] <= run.start + _SUBMIT_SLACK and o[2] == run.account]
@@ -149,7 +164,7 @@ def bill_sacct_output(
     span = reader.job_id_span()
     prices = load_prices(session)
     billed = _already_billed(session, span)
-    job_id_of = _gpupool_job_ids(session, span)
+    job_id_of = _gpupool_job_ids(session, span, reader.array_job_ids())
     record = BillingPass(
         kind=kind,
         started_at=started_at,

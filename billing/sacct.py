@@ -220,6 +220,15 @@ class RunReader:
         ids = [int(found) for found in pattern.findall(self.text)]
         return (min(ids), max(ids)) if ids else None
 
+    def array_job_ids(self) -> set[int]:
+        """The array job ids the JobID column names (``123`` of ``123_4``), by a quick scan like ``job_id_span``."""
+        if "JobID" not in self.header:
+            return set()
+        index = self.header.index("JobID")
+        delimiter = re.escape(self.delimiter)
+        pattern = re.compile(rf"^(?:[^\n]*?{delimiter}){{{index}}}(\d+)_\d+{delimiter}", re.MULTILINE)
+        return {int(found) for found in pattern.findall(self.text)}
+
     def runs(self) -> Iterator[JobRun]:
         """Every run that was allocated GPUs; pending and never-started jobs bill nothing."""
         column = {name: index for index, name in enumerate(self.header)}

@@ -170,6 +170,10 @@ class Settings:
     max_mem_gb_per_gpu: int = 0
     default_time_limit_min: int = 60
     max_time_limit_min: int = 7 * 24 * 60
+    # The most tasks one array job (or sweep) may have. Slurm's own bound is
+    # MaxArraySize in slurm.conf (the highest index + 1; Slurm's default 1001),
+    # which a tenant calling sbatch itself cannot step around: keep this below it.
+    max_array_tasks: int = 1000
 
     def __post_init__(self) -> None:
         if self.container_runtime not in CONTAINER_RUNTIMES:
@@ -198,6 +202,8 @@ class Settings:
             raise ConfigError("unknown_after_s must be positive")
         if self.log_read_max_bytes <= 0:
             raise ConfigError("log_read_max_bytes must be positive")
+        if not 1 <= self.max_array_tasks <= 100_000:
+            raise ConfigError("max_array_tasks must be between 1 and 100000")
         if not 0 < self.jwt_default_ttl_s <= self.jwt_max_ttl_s:
             raise ConfigError("jwt_default_ttl_s must be positive and at most jwt_max_ttl_s")
         if self.token_check_cache_s < 0:

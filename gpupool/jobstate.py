@@ -10,10 +10,17 @@ for a job only when it names that job and the job's own account and tenant user
 (``SlurmClient.owns``); ``SlurmClient.queue`` says why no comment can forge one.
 Jobs whose submission timed out are found by their tag. A job neither answers
 for in ``unknown_after_s`` is marked ``UNKNOWN`` and no longer tracked.
+
+An array job's tasks come from the same two calls: squeue prints a task as
+``<array id>_<index>`` and the tasks still pending as one ``<array id>_[5-19%2]``
+row, sacct names each task's row in its JobID (``gpupool.slurm.parse.parse_array_job_id``).
+Each task's state is kept in ``job_tasks``; the job's own state is made from them
+(``array_state``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Mapping
@@ -29,16 +36,19 @@ from gpupool.config import Settings
 from gpupool.db import database_now, utcnow
 from gpupool.errors import SlurmUnavailable
 from gpupool.metrics import REFRESH_PASSES, REFRESH_SECONDS
-from gpupool.models import TERMINAL_STATES, Job, SlurmSync
+from gpupool.models import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.jobs import SUBMITTING, UNKNOWN
 from gpupool.render import TAG_PREFIX, job_tag
-from gpupool.slurm.client import AccountingEntry, QueueEntry, SlurmClient
+from gpupool.slurm.client import AccountingEntry, JobRows, QueueEntry, SlurmClient
 from gpupool.webhooks import JobEvents
 
 log = logging.getLogger("gpupool.jobstate")
 LEASE_ID = 1
 SUBMISSION_LOST = "SubmissionLost"
 NOT_REPORTED = "NotReportedBySlurm"
+# An array task Slurm dropped from the array's pending record (Slurm 22.05's scancel of a task
+# that never started): no row of its own is ever made, so sacct has nothing more to say.
+REMOVED_WHILE_PENDING = "RemovedWhilePending"
 
 
 # A job as the refresher reads it: a row of these columns before Slurm is asked, the
@@ -47,8 +57,13 @@ NOT_REPORTED = "NotReportedBySlurm"
 _READ_COLUMNS = (
     Job.id, Job.account, Job.slurm_job_id, Job.state, Job.reason, Job.submitted_at, Job.started_at, Job.ended_at,
     Job.node, Job.finished, Job.exit_code, Job.exit_signal, Job.elapsed_s, Job.last_seen_at, Job.updated_at,
-    Job.submit_attempted_at, Job.created_at, Job.expected_start_at,
+    Job.submit_attempted_at, Job.created_at, Job.expected_start_at, Job.array_size,
 )
+_TASK_COLUMNS = (
+    JobTask.job_id, JobTask.task_index, JobTask.slurm_job_id, JobTask.state, JobTask.finished, JobTask.reason,
+    JobTask.exit_code, JobTask.exit_signal, JobTask.node, JobTask.started_at, JobTask.ended_at, JobTask.elapsed_s,
+)
+TrackedTask = JobTask | Row[Any]
 TrackedJob = Job | Row[Any]
 # Above this many changed rows the write phase reads every unfinished job rather than list their ids.
 _LOAD_BY_ID_MAX = 1000
@@ -62,6 +77,37 @@ class SlurmAnswers:
     accounting: Mapping[int, AccountingEntry]
     # Queue entries by (account, tag), for jobs whose sbatch never returned an id.
     by_tag: Mapping[tuple[str, str], QueueEntry]
+    # An array job's tasks as they will be once written: job id -> task index -> (state, values).
+    tasks: Mapping[str, Mapping[int, TaskView]] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """An array task's columns after this refresh, and those that change (empty: none)."""
+
+    state: str
+    finished: bool
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    exit_code: int | None
+    exit_signal: int | None
+    reason: str | None
+    node: str | None
+    changes: Mapping[str, Any]
+    answered: bool
+
+
+_TASK_VIEW_COLUMNS = ("state", "finished", "started_at", "ended_at", "exit_code", "exit_signal", "reason", "node")
+
+
+def array_state(states: list[str]) -> str:
+    """An array job's state from its tasks': RUNNING while any runs, PENDING while any waits,
+    then COMPLETED if all completed, else the state of the first task (by index) that did not."""
+    if any(state not in TERMINAL_STATES and state not in ("PENDING", UNKNOWN) for state in states):
+        return "RUNNING"
+    if any(state == "PENDING" for state in states):
+        return "PENDING"
+    return next((state for state in states if state != "COMPLETED"), "COMPLETED")
 
 
 def _queue_values(entry: QueueEntry, submitted_at: dt.datetime | None) -> dict[str, Any]:
@@ -195,13 +241,30 @@ class JobStateRefresher:
         for entry in sorted(queue.values(), key=lambda entry: entry.slurm_job_id, reverse=True):
             if entry.comment.startswith(TAG_PREFIX) and self._slurm.owns(entry, entry.account):
                 by_tag[(entry.account, entry.comment)] = entry
+        for tasks in queue.tasks.values():
+            for entry in tasks.values():
+                if entry.comment.startswith(TAG_PREFIX) and self._slurm.owns(entry, entry.account):
+                    by_tag.setdefault((entry.account, entry.comment), entry)
+        arrays = [job for job in tracked if job.array_size is not None and job.slurm_job_id is not None]
+        tasks_of: dict[str, list[Row[Any]]] = {}
+        if arrays:
+            with self._sessions() as session:
+                rows = session.execute(
+                    select(*_TASK_COLUMNS).where(JobTask.job_id.in_([job.id for job in arrays])).order_by(JobTask.task_index)
+                ).all()
+            for row in rows:
+                tasks_of.setdefault(row.job_id, []).append(row)
         # squeue no longer lists it (past MinJobAge), lists it as ended, or lists a row that is not
-        # this job's own: sacct has the final word.
+        # this job's own: sacct has the final word. For an array, when any unfinished task is so.
         ended_or_forgotten = [
             job.slurm_job_id
             for job in tracked
             if job.slurm_job_id is not None
-            and ((listed := self._queue_entry(job, queue)) is None or listed.state in TERMINAL_STATES)
+            and (
+                self._array_needs_accounting(job, tasks_of.get(job.id, []), queue)
+                if job.array_size is not None
+                else (listed := self._queue_entry(job, queue)) is None or listed.state in TERMINAL_STATES
+            )
         ]
         accounting_error: SlurmUnavailable | None = None
         records: Mapping[int, AccountingEntry]
@@ -210,9 +273,17 @@ class JobStateRefresher:
         except SlurmUnavailable as exc:
             # slurmdbd down: squeue's answers still count, and the jobs only sacct knows go unanswered.
             records, accounting_error = {}, exc
-        answers = SlurmAnswers(queue, records, by_tag)
+        views = {
+            job.id: self._task_views(job, tasks_of.get(job.id, []), queue, records)
+            for job in arrays
+        }
+        answers = SlurmAnswers(queue, records, by_tag, views)
         # Most refreshes change few rows (a 10,000-job queue: none): only those are loaded and written.
-        changing = [job.id for job in tracked if self.changes(job, answers, now)]
+        changing = [
+            job.id
+            for job in tracked
+            if self.changes(job, answers, now) or any(view.changes for view in views.get(job.id, {}).values())
+        ]
         if changing:
             self._write(changing, answers, now)
         if accounting_error is not None:
@@ -236,12 +307,15 @@ class JobStateRefresher:
                 self._log_verdict(job, changes)
                 for column, value in changes.items():
                     setattr(job, column, value)
+            self._write_tasks(session, wanted, answers)
             # Webhook events commit with the states they announce, or not at all.
             events.enqueue(session, now)
 
     def changes(self, job: TrackedJob, answers: SlurmAnswers, now: dt.datetime) -> dict[str, Any]:
         """The columns of ``job`` that Slurm's answers change, with their new values; empty when none."""
-        if job.slurm_job_id is None:
+        if job.array_size is not None and job.slurm_job_id is not None:
+            values = self._array_values(job, answers.tasks.get(job.id, {}), now)
+        elif job.slurm_job_id is None:
             values = self._submission_values(job, answers.by_tag.get((job.account, job_tag(job.id))), now)
         else:
             entry = self._queue_entry(job, answers.queue)
@@ -264,6 +338,116 @@ class JobStateRefresher:
         """
         due = now + self.interval
         return stored is not None and listed is not None and stored <= due and listed <= due
+
+    # -- array jobs ----------------------------------------------------------------
+
+    def _task_entry(self, job: TrackedJob, queue: JobRows[QueueEntry], index: int) -> QueueEntry | None:
+        """squeue's row for task ``index`` of ``job``, believed as a single job's is (``_queue_entry``)."""
+        assert job.slurm_job_id is not None
+        entry = queue.tasks.get(job.slurm_job_id, {}).get(index)
+        if entry is None or not self._slurm.owns(entry, job.account) or entry.comment not in ("", job_tag(job.id)):
+            return None
+        return entry
+
+    def _array_needs_accounting(self, job: TrackedJob, tasks: list[Row[Any]], queue: JobRows[QueueEntry]) -> bool:
+        for task in tasks:
+            if not task.finished:
+                entry = self._task_entry(job, queue, task.task_index)
+                if entry is None or entry.state in TERMINAL_STATES:
+                    return True
+        return False
+
+    def _task_views(
+        self, job: TrackedJob, tasks: list[Row[Any]], queue: JobRows[QueueEntry], records: Mapping[int, AccountingEntry]
+    ) -> dict[int, TaskView]:
+        """Each task of ``job`` as Slurm's answers leave it: squeue's row while it lists one, else sacct's."""
+        assert job.slurm_job_id is not None
+        accounted = records.tasks.get(job.slurm_job_id, {}) if isinstance(records, JobRows) else {}
+        views: dict[int, TaskView] = {}
+        for task in tasks:
+            values: dict[str, Any] = {}
+            answered = False
+            if not task.finished:
+                entry = self._task_entry(job, queue, task.task_index)
+                if entry is not None:
+                    answered = True
+                    values = {
+                        "state": entry.state,
+                        "reason": entry.reason if entry.state == "PENDING" else None,
+                        "started_at": entry.started_at,
+                        "node": entry.node if entry.state != "PENDING" else None,
+                    }
+                record = accounted.get(task.task_index)
+                if record is not None and not self._slurm.owns(record, job.account):
+                    record = None
+                if record is not None and (entry is None or entry.state in TERMINAL_STATES):
+                    answered = True
+                    values |= {
+                        key: value
+                        for key, value in _accounting_values(record, None).items()
+                        if key not in ("submitted_at",)
+                    }
+                    if record.state != "PENDING":
+                        values["slurm_job_id"] = record.slurm_job_id
+                elif entry is None and record is None and any(
+                    self._slurm.owns(other, job.account) for other in accounted.values()
+                ):
+                    # Neither squeue's snapshot nor sacct (which answered for this array) has the
+                    # task, as its own row or in a pending record: Slurm removed it before it ran.
+                    # A slurmdbd running behind still holds an older pending record with it in.
+                    answered = True
+                    values = {"state": "CANCELLED", "reason": REMOVED_WHILE_PENDING, "finished": True}
+            changes = {column: value for column, value in values.items() if getattr(task, column) != value}
+            merged = {column: changes.get(column, getattr(task, column)) for column in _TASK_VIEW_COLUMNS}
+            views[task.task_index] = TaskView(**merged, changes=changes, answered=answered)
+        return views
+
+    def _array_values(self, job: TrackedJob, views: Mapping[int, TaskView], now: dt.datetime) -> dict[str, Any]:
+        """The job's own columns, made from its tasks' (``array_state``)."""
+        if not views:
+            return {}
+        ordered = [views[index] for index in sorted(views)]
+        state = array_state([view.state for view in ordered])
+        finished = all(view.finished for view in ordered)
+        starts = [view.started_at for view in ordered if view.started_at is not None]
+        values: dict[str, Any] = {
+            "state": state,
+            "reason": next((view.reason for view in ordered if view.state == "PENDING" and view.reason), None)
+            if state == "PENDING" else None,
+            "started_at": min(starts) if starts else None,
+            "node": next((view.node for view in ordered if view.state == "RUNNING" and view.node), job.node),
+        }
+        if finished:
+            ends = [view.ended_at for view in ordered if view.ended_at is not None]
+            codes = [view.exit_code for view in ordered if view.exit_code is not None]
+            signals = [view.exit_signal for view in ordered if view.exit_signal is not None]
+            ended_at = max(ends) if ends else now
+            values.update(
+                finished=True,
+                ended_at=ended_at,
+                exit_code=max(codes) if codes else None,
+                exit_signal=max(signals) if signals else None,
+                elapsed_s=int((ended_at - min(starts)).total_seconds()) if starts else 0,
+            )
+        answered = any(view.answered for view in ordered) or finished
+        if not finished:
+            values |= self._seen_values(job, answered, now)
+        return values
+
+    def _write_tasks(self, session: Any, job_ids: set[str], answers: SlurmAnswers) -> None:
+        changed = {
+            job_id: {index: view.changes for index, view in views.items() if view.changes}
+            for job_id, views in answers.tasks.items()
+            if job_id in job_ids
+        }
+        changed = {job_id: tasks for job_id, tasks in changed.items() if tasks}
+        if not changed:
+            return
+        for task in session.scalars(
+            select(JobTask).where(JobTask.job_id.in_(list(changed)), JobTask.finished.is_(False))
+        ):
+            for column, value in changed[task.job_id].get(task.task_index, {}).items():
+                setattr(task, column, value)
 
     def _queue_entry(self, job: TrackedJob, queue: Mapping[int, QueueEntry]) -> QueueEntry | None:
         """squeue's row for ``job``, believed only from its own account's tenant user, with its tag or none."""

@@ -25,6 +25,35 @@ _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_.,:/=@+%-]*$")
 
 
 @dataclass(frozen=True)
+class ArraySpec:
+    """An array job's shape: ``count`` tasks (indices 0 to count - 1), at most ``max_parallel`` at once.
+
+    For a sweep, ``sweep_values[i]`` is task i's value of the template parameter
+    ``sweep_param``, as text. The values never enter the script: the run-as
+    helper writes each to its own file in the job's folder, which the task reads.
+    """
+
+    count: int
+    max_parallel: int | None = None
+    sweep_param: str | None = None
+    sweep_values: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or (self.max_parallel is not None and self.max_parallel < 1):
+            raise ValueError(f"an array has at least one task and runs at least one at once: {self!r}")
+        if (self.sweep_param is None) != (not self.sweep_values) or (
+            self.sweep_values and len(self.sweep_values) != self.count
+        ):
+            raise ValueError("a sweep has a parameter and exactly one value per task")
+
+    @property
+    def option_value(self) -> str:
+        """``--array``'s value: ``0-<count - 1>``, with ``%<max_parallel>`` when throttled."""
+        throttle = f"%{self.max_parallel}" if self.max_parallel is not None else ""
+        return f"0-{self.count - 1}{throttle}"
+
+
+@dataclass(frozen=True)
 class JobSpec:
     job_id: str
     account: str
@@ -44,12 +73,15 @@ class JobSpec:
     container_mounts: tuple[str, ...] = field(default_factory=tuple)
     # For a session template (gpupool.sessions): the operator's port range for its server, "low-high".
     session_ports: str | None = None
+    array: ArraySpec | None = None
 
 
 @dataclass(frozen=True)
 class RenderedJob:
     script: str
     options: tuple[str, ...]
+    # A sweep's values, task i's at index i: files the run-as helper writes (ARRAY_VALUES_DIR).
+    array_values: tuple[str, ...] | None = None
 
 
 TAG_PREFIX = "gpupool:"
@@ -60,9 +92,20 @@ def job_tag(job_id: str) -> str:
     return TAG_PREFIX + job_id
 
 
-def log_path(job_dir: str, stream: str) -> str:
-    """Where a job's ``stdout`` or ``stderr`` goes: chosen by the server, never by the customer."""
+def log_path(job_dir: str, stream: str, task: int | None = None) -> str:
+    """Where a job's ``stdout`` or ``stderr`` goes (an array task's: its own file): chosen by the server, never by the customer."""
+    if task is not None:
+        return f"{job_dir}/{stream}-{task}.log"
     return f"{job_dir}/{stream}.log"
+
+
+def log_pattern(job_dir: str, stream: str, array: bool) -> str:
+    """sbatch's ``--output``/``--error`` value: an array's tasks each write their own (``%a``, the task index)."""
+    return f"{job_dir}/{stream}-%a.log" if array else log_path(job_dir, stream)
+
+
+# An array sweep's values, one file per task named by its index, written by the run-as helper.
+ARRAY_VALUES_DIR = "array-values"
 
 
 # A session job's files besides its logs, made by the run-as helper before sbatch:
@@ -128,14 +171,17 @@ def shell_quote(text: str) -> str:
     return _ansi_c_quote(text)
 
 
-def _shell_value(value: Any) -> str:
+def param_text(value: Any) -> str:
+    """A parameter's value as the text its environment variable holds."""
     if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, float):
-        text = repr(value)
-    else:
-        text = str(value)
-    return shell_quote(text)
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _shell_value(value: Any) -> str:
+    return shell_quote(param_text(value))
 
 
 def _directive_value(value: str) -> str:
@@ -166,9 +212,13 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
         f"--mem={spec.mem_gb}G",
         f"--gres={gres(spec.gpus, spec.gpu_type)}",
         f"--time={spec.time_limit_min}",
+    ]
+    if spec.array is not None:
+        options.append(f"--array={spec.array.option_value}")
+    options += [
         f"--chdir={spec.job_dir}",
-        f"--output={log_path(spec.job_dir, 'stdout')}",
-        f"--error={log_path(spec.job_dir, 'stderr')}",
+        f"--output={log_pattern(spec.job_dir, 'stdout', spec.array is not None)}",
+        f"--error={log_pattern(spec.job_dir, 'stderr', spec.array is not None)}",
         f"--comment={job_tag(spec.job_id)}",
         # sbatch would otherwise honour #PBS/#BSUB lines anywhere in the first 100 lines.
         "--ignore-pbs",
@@ -190,6 +240,7 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
 # Slurm's description of the allocation, which templates read (train uses the GPU count).
 # CUDA_VISIBLE_DEVICES stays out: inside the container the granted GPUs are renumbered from 0.
 _SLURM_VARS_FOR_CONTAINER = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_GPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_NODE")
+_SLURM_ARRAY_VARS = ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
 
 
 # docker labels every container with the Slurm job it belongs to, so the node's Epilog
@@ -240,7 +291,8 @@ def _docker_wrapped(spec: JobSpec, env_names: list[str]) -> list[str]:
         f"  --cpus {spec.cpus} \\",
         f"  --memory {spec.mem_gb}g \\",
     ]
-    lines += [f"  --env {name} \\" for name in (*env_names, *_SLURM_VARS_FOR_CONTAINER)]
+    slurm_vars = (*_SLURM_VARS_FOR_CONTAINER, *(_SLURM_ARRAY_VARS if spec.array is not None else ()))
+    lines += [f"  --env {name} \\" for name in (*env_names, *slurm_vars)]
     for mount in (f"{spec.job_dir}:{spec.job_dir}", *spec.container_mounts):
         lines.append(f"  --volume {shlex.quote(mount)} \\")
     lines += [
@@ -273,6 +325,9 @@ def render(spec: JobSpec) -> RenderedJob:
     if spec.session_ports is not None:
         env.append(("GPUPOOL_SESSION_PORTS", shell_quote(spec.session_ports)))
     env += [(param_env_name(name), _shell_value(spec.params[name])) for name in sorted(spec.params)]
+    sweep = spec.array.sweep_param if spec.array is not None else None
+    if sweep is not None and sweep in spec.params:
+        raise ValueError(f"param {sweep!r} is swept: it has no single value")
     body = spec.body
     if spec.session_ports is not None:
         body = "\n".join(_session_preamble()) + "\n" + body
@@ -284,11 +339,32 @@ def render(spec: JobSpec) -> RenderedJob:
         *directives,
         "set -euo pipefail",
         *(f"export {name}={value}" for name, value in env),
+        *(_sweep_reader(sweep) if sweep is not None else ()),
         "",
         f"# ---- template {spec.template} ----",
     ]
+    env_names = [name for name, _ in env] + ([param_env_name(sweep)] if sweep is not None else [])
     if spec.runtime == "docker" and spec.container_image:
-        lines += _docker_wrapped(spec, [name for name, _ in env])
+        lines += _docker_wrapped(spec, env_names)
     else:
         lines.append(spec.body.rstrip("\n"))
-    return RenderedJob(script="\n".join(lines) + "\n", options=options)
+    values = spec.array.sweep_values if spec.array is not None and sweep is not None else None
+    return RenderedJob(script="\n".join(lines) + "\n", options=options, array_values=values)
+
+
+def _sweep_reader(param: str) -> list[str]:
+    """Read this task's sweep value, byte for byte, from the file the run-as helper wrote for it.
+
+    ``read -d ''`` with an empty IFS and ``-r`` keeps every byte up to the end of
+    the file: quotes, backslashes, leading blanks and trailing newlines, which
+    ``$(cat ...)`` would strip. It returns 1 at the end of the file, hence the
+    ``|| true``; the ``exec`` before it stops the script when the file is missing.
+    """
+    name = param_env_name(param)
+    return [
+        "# This task's sweep value: data in a file of the job's folder, never part of this script.",
+        f'exec 3< "$GPUPOOL_JOB_DIR/{ARRAY_VALUES_DIR}/${{SLURM_ARRAY_TASK_ID:?not started as an array task}}"',
+        f"IFS= read -r -d '' {name} <&3 || true",
+        "exec 3<&-",
+        f"export {name}",
+    ]

@@ -2,7 +2,7 @@
 
 from gpupool_client._core import TERMINAL_STATES, RetryPolicy, __version__
 from gpupool_client.aio import AsyncClient, AsyncJob
-from gpupool_client.client import Client, Job
+from gpupool_client.client import Client, Job, Task
 from gpupool_client.errors import (
     BadRequest,
     Conflict,
@@ -38,6 +38,7 @@ __all__ = [
     "RateLimited",
     "RetryPolicy",
     "ServiceUnavailable",
+    "Task",
     "Unauthorized",
     "ValidationFailed",
     "WaitTimeout",

@@ -118,8 +118,16 @@ def submit_body(
     mem_gb: int | None,
     time_limit_min: int | None,
     idle_timeout_min: int | None = None,
+    array: dict[str, Any] | int | None = None,
+    sweep: dict[str, list[Any]] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"template": template, "params": dict(params or {})}
+    if isinstance(array, dict):
+        body["array"] = dict(array)
+    elif array is not None:
+        body["array"] = {"count": array}  # just N: N tasks, no throttle
+    if sweep is not None:
+        body["sweep"] = {name: list(values) for name, values in sweep.items()}
     optional = {
         "gpus": gpus,
         "gpu_type": gpu_type,

@@ -131,10 +131,14 @@ class AsyncClient:
         time_limit_min: int | None = None,
         idempotency_key: str | None = None,
         idle_timeout_min: int | None = None,
+        array: dict[str, Any] | int | None = None,
+        sweep: dict[str, list[Any]] | None = None,
     ) -> AsyncJob:
+        """``Client.submit``, awaited; an array job's tasks: ``await client.tasks(job.id)``."""
         body = submit_body(
             template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
             cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
+            array=array, sweep=sweep,
         )
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         response = await self._request("POST", "/submit", json=body, headers=headers)
@@ -168,6 +172,20 @@ class AsyncClient:
 
     async def job(self, job_id: str) -> AsyncJob:
         return AsyncJob(self, await self._get_job_data(job_id))
+
+    async def tasks(self, job_id: str, *, page_size: int = 200) -> list[dict[str, Any]]:
+        """Every task of an array job, in index order, as the API's JSON objects."""
+        tasks: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if cursor:
+                params["cursor"] = cursor
+            page = (await self._request("GET", f"/jobs/{job_id}/tasks", params=params)).json()
+            tasks += page["tasks"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return tasks
 
     async def session(self, job_id: str) -> dict[str, Any]:
         return (await self._request("GET", f"/jobs/{job_id}/session")).json()

@@ -81,6 +81,63 @@ class Job(JobFields):
     def follow(self, stream: str = "stdout") -> Iterator[str]:
         return self._client.follow(self.id, stream=stream)
 
+    @property
+    def array(self) -> dict[str, Any] | None:
+        """An array job's task count, throttle and tasks per state; None for a single job."""
+        return self.data.get("array")
+
+    def tasks(self) -> list[Task]:
+        """An array job's tasks, in index order, as the API says they are now."""
+        return self._client.tasks(self.id)
+
+
+class Task:
+    """One task of an array job; ``data`` is the API's JSON object for it."""
+
+    def __init__(self, client: Client, job_id: str, data: dict[str, Any]) -> None:
+        self._client = client
+        self.job_id = job_id
+        self.data = data
+
+    @property
+    def index(self) -> int:
+        return int(self.data["index"])
+
+    @property
+    def state(self) -> str:
+        return str(self.data["state"])
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.data.get("exit_code")
+
+    @property
+    def value(self) -> Any:
+        """A sweep's value for this task."""
+        return self.data.get("value")
+
+    @property
+    def gpu_seconds(self) -> int | None:
+        return self.data.get("gpu_seconds")
+
+    def refresh(self) -> Task:
+        self.data = self._client._request("GET", f"/jobs/{self.job_id}/tasks/{self.index}").json()
+        return self
+
+    def cancel(self) -> Task:
+        """Cancel this task alone; the array's other tasks go on."""
+        self.data = self._client._request("DELETE", f"/jobs/{self.job_id}/tasks/{self.index}").json()
+        return self
+
+    def logs(self, stream: str = "stdout", *, tail: int | None = None) -> str:
+        params: dict[str, Any] = {"stream": stream}
+        if tail is not None:
+            params["tail"] = tail
+        return self._client._request("GET", f"/jobs/{self.job_id}/tasks/{self.index}/logs", params=params).text
+
+    def __repr__(self) -> str:
+        return f"Task({self.job_id!r}, {self.index}, state={self.state!r})"
+
 
 class Client:
     """gpupool's API. ``url`` and ``token`` default to ``GPUPOOL_URL`` and ``GPUPOOL_TOKEN``."""
@@ -144,11 +201,19 @@ class Client:
         time_limit_min: int | None = None,
         idempotency_key: str | None = None,
         idle_timeout_min: int | None = None,
+        array: dict[str, Any] | int | None = None,
+        sweep: dict[str, list[Any]] | None = None,
     ) -> Job:
-        """Submit a job. Retries never make a second job: each carries the same Idempotency-Key."""
+        """Submit a job. Retries never make a second job: each carries the same Idempotency-Key.
+
+        ``array``: ``{"count": N, "max_parallel": K}`` (or just N) runs N tasks, at most K at
+        once; ``sweep``: ``{"param": [v1, v2, ...]}`` runs one task per value. The job's
+        ``tasks()`` lists them.
+        """
         body = submit_body(
             template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
             cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
+            array=array, sweep=sweep,
         )
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         response = self._request("POST", "/submit", json=body, headers=headers)
@@ -182,6 +247,27 @@ class Client:
 
     def job(self, job_id: str) -> Job:
         return Job(self, self._get_job_data(job_id))
+
+    def map(
+        self, template: str, param: str, values: Iterable[Any], *, max_parallel: int | None = None, **submit_args: Any
+    ) -> list[Task]:
+        """Run ``template`` once per value of ``param``, as one array job; returns its tasks (task i has value i)."""
+        array = {"max_parallel": max_parallel} if max_parallel is not None else None
+        return self.submit(template, sweep={param: list(values)}, array=array, **submit_args).tasks()
+
+    def tasks(self, job_id: str, *, page_size: int = 200) -> list[Task]:
+        """Every task of an array job, in index order."""
+        tasks: list[Task] = []
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if cursor:
+                params["cursor"] = cursor
+            page = self._request("GET", f"/jobs/{job_id}/tasks", params=params).json()
+            tasks += [Task(self, job_id, data) for data in page["tasks"]]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return tasks
 
     def session(self, job_id: str) -> dict[str, Any]:
         """A session job's state (starting, ready, idle, ended) and a fresh single-use ``link`` to open it."""

@@ -3,7 +3,7 @@
 from gpupool.db import Base
 from gpupool.models.accounts import ACCOUNT_NAME, Account
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
-from gpupool.models.jobs import TERMINAL_STATES, Job, SlurmSync
+from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.report import NodeCost
 from gpupool.models.sessions import JobSession, SessionGrant
 from gpupool.models.tokens import IssuedToken
@@ -20,6 +20,7 @@ __all__ = [
     "BillingState",
     "IssuedToken",
     "Job",
+    "JobTask",
     "JobSession",
     "LedgerEntry",
     "NodeCost",

@@ -72,6 +72,11 @@ class Job(Base):
     expected_start_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     # gpupool's reason for ending the job, when it was gpupool (an idle session's stop), beside Slurm's state.
     end_reason: Mapped[str | None] = mapped_column(Text)
+    # An array job (sbatch --array=0-<array_size - 1>%<array_max_parallel>); None: a single job.
+    array_size: Mapped[int | None] = mapped_column(Integer)
+    array_max_parallel: Mapped[int | None] = mapped_column(Integer)
+    # A sweep's parameter name and its values, task i's at index i: {"param": ..., "values": [...]}.
+    sweep: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str] = mapped_column(String(64))
@@ -84,6 +89,26 @@ class Job(Base):
     @property
     def tag(self) -> str:
         return job_tag(self.id)
+
+
+class JobTask(Base):
+    """One task of an array job, with the last state Slurm gave for it (``gpupool.jobstate``)."""
+
+    __tablename__ = "job_tasks"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    task_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The task's own Slurm job id (JobIDRaw) once sacct has named it; squeue shows only <array id>_<index>.
+    slurm_job_id: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32), default="PENDING")
+    finished: Mapped[bool] = mapped_column(default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    exit_signal: Mapped[int | None] = mapped_column(Integer)
+    node: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    elapsed_s: Mapped[int | None] = mapped_column(Integer)
 
 
 class SlurmSync(Base):

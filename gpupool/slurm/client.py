@@ -9,6 +9,7 @@ their format strings; ``gpupool.slurm.parse`` maps every other parser of Slurm's
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import re
@@ -26,6 +27,7 @@ from gpupool.slurm.parse import (
     base_state,
     is_unpredictable,
     numbered_rows,
+    parse_array_job_id,
     parse_delimited,
     parse_exit_code,
     parse_gres,
@@ -92,7 +94,8 @@ def queue_format(delimiter: str) -> str:
 # With "|", for comparing the cost of the bare command (bench/scale); the service never reads it.
 _QUEUE_FORMAT = queue_format("|")
 # No free-text column at all: the job name and comment are not asked for.
-_ACCT_FIELDS = "JobIDRaw,State,ExitCode,Submit,Start,End,ElapsedRaw,NodeList,Reason,User,Account"
+# JobID names an array task (123_4) beside its own JobIDRaw.
+_ACCT_FIELDS = "JobIDRaw,JobID,State,ExitCode,Submit,Start,End,ElapsedRaw,NodeList,Reason,User,Account"
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,8 @@ class QueueEntry:
     account: str = ""
     # A pending job's START_TIME: when the scheduler (backfill, usually) expects to start it; None: no estimate yet.
     expected_start: dt.datetime | None = None
+    # An array task's index; then slurm_job_id is the array's id (squeue does not print the task's own).
+    array_task: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,9 @@ class AccountingEntry:
     reason: str | None
     user: str = ""
     account: str = ""
+    # An array task's array id and index; slurm_job_id stays the task's own JobIDRaw.
+    array_job_id: int | None = None
+    array_task: int | None = None
 
 
 E = TypeVar("E", QueueEntry, AccountingEntry)
@@ -144,6 +152,8 @@ class JobRows(Mapping[int, E]):
 
     entries: dict[int, E]
     refused: tuple[str, ...] = ()
+    # Array tasks, by array job id and task index: never among ``entries``, which are single jobs.
+    tasks: dict[int, dict[int, E]] = field(default_factory=dict)
 
     def __getitem__(self, slurm_job_id: int) -> E:
         return self.entries[slurm_job_id]
@@ -191,7 +201,8 @@ def _none_if_blank(value: str) -> str | None:
 _QUEUE_COLUMNS = (
     "JOBID", "STATE", "REASON", "SUBMIT_TIME", "START_TIME", "END_TIME", "NODELIST", "USER", "ACCOUNT", "COMMENT",
 )
-_ACCT_COLUMNS = tuple(_ACCT_FIELDS.split(","))
+# JobID is read when present: output of the older format (no JobID) names no array task.
+_ACCT_COLUMNS = tuple(name for name in _ACCT_FIELDS.split(",") if name != "JobID")
 
 
 def _job_rows(
@@ -199,11 +210,11 @@ def _job_rows(
     text: str,
     delimiter: str,
     columns: Sequence[str],
-    entry_of: Callable[[dict[str, str]], E | None],
+    entry_of: Callable[[dict[str, str]], E | list[E] | None],  # a list: an array's pending record
     *,
     free_text: str | None = None,
 ) -> JobRows[E]:
-    """Each row of ``text`` made an entry by ``entry_of`` (None: not an API job, such as an array task).
+    """Each row of ``text`` made an entry by ``entry_of`` (None: not an API job; a list: array tasks).
 
     A row that is not whole or does not parse is refused alone, with its line
     number: one tenant's odd row must not stop every account's refresh. The
@@ -219,6 +230,9 @@ def _job_rows(
     entries: dict[int, E] = {}
     repeated: set[int] = set()
     refused: list[str] = []
+    tasks: dict[int, dict[int, E]] = {}
+    repeated_tasks: set[tuple[int, int]] = set()
+    ranged: set[tuple[int, int]] = set()
     for line, fields in numbered_rows(text, delimiter, len(header), multiline_last=multiline_last):
         if len(fields) != len(header):
             refused.append(f"{what} line {line}: {len(fields)} field(s) where the header names {len(header)}")
@@ -230,6 +244,32 @@ def _job_rows(
             continue
         if entry is None:
             continue
+        if isinstance(entry, list) or entry.array_task is not None:
+            # A task's own row (123_4) outranks the array's record of its pending tasks (123_[4-9]),
+            # which slurmdbd updates later than it splits tasks off: sacct may show a task in both.
+            from_range = isinstance(entry, list)
+            for task in entry if isinstance(entry, list) else [entry]:
+                array_id = task.slurm_job_id if isinstance(task, QueueEntry) else task.array_job_id
+                assert array_id is not None and task.array_task is not None
+                key = (array_id, task.array_task)
+                of_array = tasks.setdefault(array_id, {})
+                if key in repeated_tasks:
+                    continue
+                if task.array_task in of_array:
+                    if from_range and key not in ranged:
+                        continue  # its own row came first
+                    if not from_range and key in ranged:
+                        ranged.discard(key)
+                        of_array[task.array_task] = task
+                        continue
+                    repeated_tasks.add(key)
+                    of_array.pop(task.array_task, None)
+                    refused.append(f"{what} line {line}: task {array_id}_{task.array_task} listed again; none of its rows is believed")
+                    continue
+                of_array[task.array_task] = task
+                if from_range:
+                    ranged.add(key)
+            continue
         job_id = entry.slurm_job_id
         if job_id in entries or job_id in repeated:
             repeated.add(job_id)
@@ -237,17 +277,19 @@ def _job_rows(
             refused.append(f"{what} line {line}: job {job_id} listed again; none of its rows is believed")
             continue
         entries[job_id] = entry
-    return JobRows(entries, tuple(refused))
+    return JobRows(entries, tuple(refused), tasks)
 
 
-def _queue_entry(row: dict[str, str]) -> QueueEntry | None:
-    job_id = parse_int(row["JOBID"])
-    if job_id is None:  # array or het-job ids are not API jobs
+def _queue_entry(row: dict[str, str]) -> QueueEntry | list[QueueEntry] | None:
+    """A job's entry, an array task's (``array_task`` set), or a pending record's tasks (a list)."""
+    array = parse_array_job_id(row["JOBID"])
+    job_id = parse_int(row["JOBID"]) if array is None else array.array_job_id
+    if job_id is None:  # a het-job component is no API job
         return None
     state = base_state(row["STATE"])
     comment = row["COMMENT"].strip()
     start = parse_time(row["START_TIME"])
-    return QueueEntry(
+    entry = QueueEntry(
         slurm_job_id=job_id,
         state=state,
         reason=_none_if_blank(row["REASON"]),
@@ -260,6 +302,11 @@ def _queue_entry(row: dict[str, str]) -> QueueEntry | None:
         account=row["ACCOUNT"].strip().lower(),
         expected_start=start if state == "PENDING" else None,
     )
+    if array is None:
+        return entry
+    if array.pending_record:
+        return [dataclasses.replace(entry, array_task=task) for task in array.tasks]
+    return dataclasses.replace(entry, array_task=array.tasks[0])
 
 
 def parse_queue(text: str, delimiter: str) -> JobRows[QueueEntry]:
@@ -267,12 +314,14 @@ def parse_queue(text: str, delimiter: str) -> JobRows[QueueEntry]:
     return _job_rows("squeue", text, delimiter, _QUEUE_COLUMNS, _queue_entry, free_text="COMMENT")
 
 
-def _accounting_entry(row: dict[str, str]) -> AccountingEntry | None:
+def _accounting_entry(row: dict[str, str]) -> AccountingEntry | list[AccountingEntry] | None:
     job_id = parse_int(row["JobIDRaw"])
     if job_id is None:
         return None
+    # Output without JobID (an older format) names no array task: every row is a job of its own.
+    array = parse_array_job_id(row["JobID"]) if "JobID" in row else None
     exit_code, exit_signal = parse_exit_code(row["ExitCode"])
-    return AccountingEntry(
+    entry = AccountingEntry(
         slurm_job_id=job_id,
         state=base_state(row["State"]),
         exit_code=exit_code,
@@ -286,6 +335,11 @@ def _accounting_entry(row: dict[str, str]) -> AccountingEntry | None:
         user=row["User"].strip(),
         account=row["Account"].strip().lower(),
     )
+    if array is None:
+        return entry
+    if array.pending_record:
+        return [dataclasses.replace(entry, array_job_id=array.array_job_id, array_task=task) for task in array.tasks]
+    return dataclasses.replace(entry, array_job_id=array.array_job_id, array_task=array.tasks[0])
 
 
 def parse_accounting(text: str, delimiter: str) -> JobRows[AccountingEntry]:
@@ -361,13 +415,25 @@ class SlurmClient:
 
     # -- jobs ---------------------------------------------------------------------
 
-    def submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, session_secret: str | None = None) -> int:
+    def submit(
+        self,
+        account: str,
+        job_id: str,
+        script: str,
+        options: Sequence[str],
+        *,
+        session_secret: str | None = None,
+        array_values: Sequence[str] | None = None,
+    ) -> int:
         """Submit a rendered script as the account's tenant; options on the command line override its directives."""
         timeout_s = self.settings.slurm_submit_timeout_s
         try:
             result = self._as_tenant(
                 "sbatch",
-                lambda: self.tenants.submit(account, job_id, script, options, timeout_s=timeout_s, session_secret=session_secret),
+                lambda: self.tenants.submit(
+                    account, job_id, script, options, timeout_s=timeout_s, session_secret=session_secret,
+                    **({"array_values": array_values} if array_values is not None else {}),
+                ),
             )
         except CommandFailed as exc:
             # Killed by a signal, sbatch may have been anywhere, waiting for the reply included.
@@ -427,7 +493,10 @@ class SlurmClient:
         against 0.2 KB, a cost that grows with the queue.
         """
         delimiter = unpredictable_delimiter()
-        result = self._command("squeue", ["--states=all"], env={"SQUEUE_FORMAT": queue_format(delimiter)})
+        # SLURM_BITSTR_LEN=0: an array's pending indices in full, never cut short at 64 characters.
+        result = self._command(
+            "squeue", ["--states=all"], env={"SQUEUE_FORMAT": queue_format(delimiter), "SLURM_BITSTR_LEN": "0"}
+        )
         try:
             rows = parse_queue(result.stdout, delimiter)
         except (ParseError, KeyError) as exc:
@@ -437,7 +506,9 @@ class SlurmClient:
 
     def find_by_tag(self, tag: str, account: str) -> int | None:
         """The job carrying ``tag``, if the account's own tenant submitted it: anyone can write a comment."""
-        owned = [entry.slurm_job_id for entry in self.queue().values() if self.owns(entry, account) and entry.comment == tag]
+        queue = self.queue()
+        rows = [*queue.values(), *(task for tasks in queue.tasks.values() for task in tasks.values())]
+        owned = [entry.slurm_job_id for entry in rows if self.owns(entry, account) and entry.comment == tag]
         # A tenant may copy its own job's tag onto another job: the first it submitted is the API's.
         return min(owned, default=None)
 
@@ -459,6 +530,7 @@ class SlurmClient:
                 "--allusers", "--allocations", "--parsable2", f"--delimiter={delimiter}", f"--format={_ACCT_FIELDS}",
                 "--jobs=" + ",".join(map(str, ids)),
             ],
+            env={"SLURM_BITSTR_LEN": "0"},  # an array's pending indices in full, as for squeue
         )
         try:
             rows = parse_accounting(result.stdout, delimiter)
@@ -467,9 +539,13 @@ class SlurmClient:
         _log_refused(rows.refused)
         return rows
 
-    def cancel(self, slurm_job_id: int, account: str) -> None:
-        """scancel as the account's tenant, who can cancel its own jobs and nobody else's."""
-        self._as_tenant("scancel", lambda: self.tenants.cancel(account, [slurm_job_id]))
+    def cancel(self, slurm_job_id: int, account: str, task: int | None = None) -> None:
+        """scancel as the account's tenant, who can cancel its own jobs and nobody else's (an array's: all its tasks).
+
+        With ``task``, only that task of the array ``slurm_job_id``.
+        """
+        target: int | str = slurm_job_id if task is None else f"{slurm_job_id}_{task}"
+        self._as_tenant("scancel", lambda: self.tenants.cancel(account, [target]))
 
     def ping(self) -> bool:
         """True when slurmctld answers; SlurmUnavailable saying why when it does not."""

@@ -270,3 +270,48 @@ def parse_gres(value: str) -> list[GresEntry]:
         elif len(parts) == 1:
             entries.append(GresEntry(parts[0], None, 1))
     return entries
+
+
+# Slurm's job-id grammar as squeue's %i and sacct's JobID print it: a plain job (123), an
+# array task (123_4), an array's tasks still pending as one record (123_[5-19%2], with
+# commas between ranges), or a het-job component (123+0), which gpupool never submits.
+_PLAIN_JOB_ID = re.compile(r"^[0-9]+$")
+_ARRAY_TASK = re.compile(r"([0-9]+)_([0-9]+)")
+_ARRAY_PENDING = re.compile(r"^([0-9]+)_\[([0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*)(?:%[0-9]+)?\]$")
+# More indices than this in one pending record is no array gpupool submitted (max_array_tasks is at most 100000).
+_MAX_ARRAY_INDICES = 100_000
+
+
+@dataclass(frozen=True)
+class ArrayJobId:
+    """An array's base job id and the task indices one row stands for (one, or a pending record's many)."""
+
+    array_job_id: int
+    tasks: tuple[int, ...]
+    # The array's one record of its tasks not yet started (123_[5-19]), not a task's own row.
+    pending_record: bool = False
+
+
+def parse_array_job_id(value: str) -> ArrayJobId | None:
+    """``'123_4'`` -> (123, (4,)); ``'123_[5-7,9%2]'`` -> (123, (5, 6, 7, 9)); None for a job that is no array task.
+
+    A ParseError for text of neither shape (a truncated ``123_[5-...``), which
+    no caller may read as some other job.
+    """
+    value = value.strip()
+    if _PLAIN_JOB_ID.match(value) or re.fullmatch(r"[0-9]+\+[0-9]+", value):
+        return None
+    task = _ARRAY_TASK.fullmatch(value)
+    if task is not None:
+        return ArrayJobId(int(task.group(1)), (int(task.group(2)),))
+    pending = _ARRAY_PENDING.match(value)
+    if pending is None:
+        raise ParseError(f"not a Slurm job id: {value!r}")
+    indices: list[int] = []
+    for piece in pending.group(2).split(","):
+        low, _, high = piece.partition("-")
+        first, last = int(low), int(high or low)
+        if last < first or len(indices) + last - first + 1 > _MAX_ARRAY_INDICES:
+            raise ParseError(f"not an array gpupool submits: {value!r}")
+        indices.extend(range(first, last + 1))
+    return ArrayJobId(int(pending.group(1)), tuple(indices), pending_record=True)

@@ -14,9 +14,9 @@ anywhere. The helper itself holds only the settings it uses: it starts
 itself again with an environment of those alone, so no JWT secret or database
 password is ever in it.
 
-    submit   write the job's script and its empty logs (a session's port file and secret too) into its new folder, run sbatch as the tenant on the script's bytes
+    submit   write the job's script and its empty logs (each array task's; a session's port file and secret; a sweep's values, one file per task) into its new folder, run sbatch as the tenant on the script's bytes
     test     the same checks, then ``sbatch --test-only`` as the tenant: no folder, no file, no job; Slurm's start estimate
-    cancel   scancel the given jobs (or all of the account's) as the tenant
+    cancel   scancel the given jobs or array tasks (or all of the account's) as the tenant
     discard  remove a job folder whose sbatch Slurm refused
     budget   set the account's Slurm budget (GrpTRESMins=gres/gpu), the billing pass's one write
 
@@ -60,7 +60,7 @@ from gpupool.errors import (
     TenantError,
 )
 from gpupool.proc import CommandResult, minimal_env, run_command
-from gpupool.render import SESSION_PORT_FILE, SESSION_SECRET_FILE, job_tag, log_path
+from gpupool.render import ARRAY_VALUES_DIR, SESSION_PORT_FILE, SESSION_SECRET_FILE, job_tag, log_path, log_pattern
 from gpupool.slurm.tenants import Tenant, ensure_tenant_folder, lookup_tenant, service_gid
 
 log = logging.getLogger("gpupool.slurm.runas")
@@ -85,7 +85,11 @@ _ALWAYS_OPTIONS = frozenset(
         "--time", "--chdir", "--output", "--error", "--comment", "--ignore-pbs",
     }
 )
-_SUBMIT_OPTIONS = _ALWAYS_OPTIONS | _CONTAINER_OPTIONS
+_SUBMIT_OPTIONS = _ALWAYS_OPTIONS | _CONTAINER_OPTIONS | {"--array"}
+# gpupool's one array shape: every index from 0, optionally throttled (%K); no steps, lists or odd spellings.
+_ARRAY_VALUE = re.compile(r"0-(0|[1-9][0-9]{0,4})(%[1-9][0-9]{0,4})?")
+# What scancel takes for one task of an array: <array job id>_<index>.
+_ARRAY_TASK_ID = re.compile(r"[1-9][0-9]{0,9}_(0|[1-9][0-9]{0,4})")
 _VALUE_FORMATS = {
     "--cpus-per-task": re.compile(r"^[1-9][0-9]{0,5}$"),
     "--mem": re.compile(r"^[1-9][0-9]{0,6}G$"),
@@ -103,19 +107,27 @@ HELPER_SETTINGS = (
     "job_root", "service_user", "service_group", "tenant_user_prefix", "tenant_group", "tenant_uid_min",
     "tenant_uid_max", "slurm_bin_dir", "slurm_partition", "job_path", "slurm_submit_timeout_s",
     "slurm_query_timeout_s", "runas_timeout_s", "runas_max_connections", "container_runtime",
-    "container_allowlist", "container_mounts",
+    "container_allowlist", "container_mounts", "max_array_tasks",
 )
 _HELPER_BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC"}
 
 
 class TenantActions(Protocol):
     def submit(
-        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, session_secret: str | None = None
+        self,
+        account: str,
+        job_id: str,
+        script: str,
+        options: Sequence[str],
+        *,
+        timeout_s: float,
+        session_secret: str | None = None,
+        array_values: Sequence[str] | None = None,
     ) -> CommandResult: ...
 
     def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult: ...
 
-    def cancel(self, account: str, slurm_job_ids: Sequence[int] | None = None) -> CommandResult: ...
+    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None) -> CommandResult: ...
 
     def discard(self, account: str, job_id: str) -> None: ...
 
@@ -142,7 +154,7 @@ def job_folder(settings: Settings, account: str, job_id: str) -> Path:
     return Path(settings.job_root) / _check_account(account) / _check_job_id(job_id)
 
 
-def _expected_values(settings: Settings, account: str, job_id: str) -> dict[str, str]:
+def _expected_values(settings: Settings, account: str, job_id: str, array: bool) -> dict[str, str]:
     """The one value gpupool.render gives each option that names something: compared as text, never resolved."""
     job_dir = str(job_folder(settings, account, job_id))
     return {
@@ -151,8 +163,8 @@ def _expected_values(settings: Settings, account: str, job_id: str) -> dict[str,
         "--nodes": "1",
         "--ntasks": "1",
         "--chdir": job_dir,
-        "--output": log_path(job_dir, "stdout"),
-        "--error": log_path(job_dir, "stderr"),
+        "--output": log_pattern(job_dir, "stdout", array),
+        "--error": log_pattern(job_dir, "stderr", array),
         "--comment": job_tag(job_id),
         "--container-workdir": job_dir,
         "--container-mounts": ",".join((f"{job_dir}:{job_dir}", *settings.container_mounts)),
@@ -171,7 +183,8 @@ def check_submit_options(settings: Settings, options: Sequence[str], account: st
     """The sbatch options, if each is one the renderer emits, with the value it gives it for this job."""
     if not isinstance(options, list) or not all(isinstance(option, str) for option in options):
         raise TenantError("sbatch options must be a list of strings")
-    expected = _expected_values(settings, account, job_id)
+    array = any(option.startswith("--array=") for option in options)
+    expected = _expected_values(settings, account, job_id, array)
     seen: dict[str, str] = {}
     for option in options:
         name, equals, value = option.partition("=")
@@ -203,8 +216,52 @@ def check_submit_options(settings: Settings, options: Sequence[str], account: st
     for name, pattern in _VALUE_FORMATS.items():
         if not pattern.match(seen[name]):
             raise TenantError(f"{name}={seen[name]!r} is not a value gpupool submits")
+    if array:
+        array_size(settings, seen["--array"])
     _check_container_options(settings, seen)
     return list(options)
+
+
+def array_size(settings: Settings, value: str) -> int:
+    """The number of tasks of ``--array=<value>``, if it is gpupool's shape and within max_array_tasks."""
+    match = _ARRAY_VALUE.fullmatch(value)
+    if match is None:
+        raise TenantError(f"--array={value!r} is not a value gpupool submits (0-<last index>[%<at once>])")
+    count = int(match.group(1)) + 1
+    if count > settings.max_array_tasks:
+        raise TenantError(f"--array={value!r} has {count} tasks; the operator allows at most {settings.max_array_tasks}")
+    return count
+
+
+def _array_count(options: Sequence[str]) -> int | None:
+    """The task count of the (checked) options' --array; None for a single job."""
+    for option in options:
+        name, _, value = option.partition("=")
+        if name == "--array":
+            match = _ARRAY_VALUE.fullmatch(value)
+            assert match is not None  # check_submit_options came first
+            return int(match.group(1)) + 1
+    return None
+
+
+def check_array_values(values: Sequence[str] | None, count: int | None) -> list[str] | None:
+    """A sweep's values, if there is one text per task of the array and none holds a NUL."""
+    if values is None:
+        return None
+    if count is None:
+        raise TenantError("sweep values come with an array job (--array) only")
+    if not isinstance(values, list) or not all(isinstance(value, str) for value in values):
+        raise TenantError("sweep values must be a list of strings")
+    if len(values) != count:
+        raise TenantError(f"an array of {count} task(s) takes {count} sweep value(s), not {len(values)}")
+    if any("\x00" in value for value in values):
+        raise TenantError("a sweep value must not contain a NUL byte")
+    try:
+        for value in values:
+            value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TenantError("a sweep value is not valid UTF-8 text") from exc
+    return list(values)
 
 
 def _check_container_options(settings: Settings, seen: dict[str, str]) -> None:
@@ -346,7 +403,15 @@ class DirectTenantActions:
         )
 
     def submit(
-        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, session_secret: str | None = None
+        self,
+        account: str,
+        job_id: str,
+        script: str,
+        options: Sequence[str],
+        *,
+        timeout_s: float,
+        session_secret: str | None = None,
+        array_values: Sequence[str] | None = None,
     ) -> CommandResult:
         job_dir = job_folder(self.settings, account, job_id)
         tenant = self._tenant(account)
@@ -354,8 +419,12 @@ class DirectTenantActions:
         data = check_script(script, argv_options)
         if session_secret is not None and not _SESSION_SECRET.fullmatch(session_secret):
             raise TenantError("a session secret is 32 to 128 URL-safe characters")
+        tasks = _array_count(argv_options)
+        values = check_array_values(array_values, tasks)
         ensure_tenant_folder(self.settings, tenant, job_id)
-        self._write_service_files(job_dir, data, tenant, session_secret)
+        self._write_service_files(job_dir, data, tenant, session_secret, tasks)
+        if values is not None:
+            self._write_array_values(job_dir, values, tenant)
         # On standard input, not by path: the folder is the tenant's, and a tenant's
         # process could swap the file between this check and sbatch's read.
         argv = [self.settings.slurm_bin("sbatch"), "--parsable", *argv_options]
@@ -380,7 +449,9 @@ class DirectTenantActions:
             argv, timeout_s=timeout_s, input_text=script, env=self._env(tenant, Path("/")), run_as=tenant.run_as(), cwd="/",
         )
 
-    def _write_service_files(self, job_dir: Path, script: bytes, tenant: Tenant, session_secret: str | None) -> None:
+    def _write_service_files(
+        self, job_dir: Path, script: bytes, tenant: Tenant, session_secret: str | None, tasks: int | None = None
+    ) -> None:
         """The job's script, the record of what was submitted, and its two logs, empty.
 
         The only files in the folder the service may read (group service, 0640):
@@ -389,10 +460,12 @@ class DirectTenantActions:
         while everything else the job writes does not. A session job also gets
         its port file (written by the job, read by the service like a log) and
         its secret, 0600: the tenant's alone (the service has it in its database).
+        An array job's tasks each get their own two logs (``stdout-<index>.log``).
         """
         group = service_gid(self.settings)
         files = {SCRIPT_NAME: (script, 0o640)}
-        files |= {os.path.basename(log_path(str(job_dir), stream)): (b"", 0o640) for stream in ("stdout", "stderr")}
+        for task in range(tasks) if tasks is not None else [None]:
+            files |= {os.path.basename(log_path(str(job_dir), stream, task)): (b"", 0o640) for stream in ("stdout", "stderr")}
         if session_secret is not None:
             files[SESSION_PORT_FILE] = (b"", 0o640)
             files[SESSION_SECRET_FILE] = (session_secret.encode() + b"\n", 0o600)
@@ -408,13 +481,34 @@ class DirectTenantActions:
         finally:
             os.close(dir_fd)
 
-    def cancel(self, account: str, slurm_job_ids: Sequence[int] | None = None) -> CommandResult:
+    def _write_array_values(self, job_dir: Path, values: Sequence[str], tenant: Tenant) -> None:
+        """Each task's sweep value in ``array-values/<index>``: data the task reads, the tenant's alone."""
+        dir_fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.mkdir(ARRAY_VALUES_DIR, 0o700, dir_fd=dir_fd)
+            values_fd = os.open(ARRAY_VALUES_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        try:
+            os.fchown(values_fd, tenant.uid, tenant.gid)
+            for index, value in enumerate(values):
+                fd = os.open(
+                    str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=values_fd
+                )
+                with os.fdopen(fd, "wb") as handle:
+                    os.fchown(handle.fileno(), tenant.uid, tenant.gid)
+                    os.fchmod(handle.fileno(), 0o600)
+                    handle.write(value.encode("utf-8"))
+        finally:
+            os.close(values_fd)
+
+    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None) -> CommandResult:
         tenant = self._tenant(account)
         if slurm_job_ids is None:
             targets = [f"--account={account}", f"--user={tenant.user}"]
         else:
-            if not slurm_job_ids or not all(isinstance(job, int) and not isinstance(job, bool) and job > 0 for job in slurm_job_ids):
-                raise TenantError("scancel needs positive Slurm job ids")
+            if not slurm_job_ids or not all(_cancel_target(job) for job in slurm_job_ids):
+                raise TenantError("scancel needs positive Slurm job ids, or <array job id>_<task index>")
             targets = [str(job) for job in slurm_job_ids]
         return run_command(
             [self.settings.slurm_bin("scancel"), *targets],
@@ -457,6 +551,12 @@ class DirectTenantActions:
         if result.returncode != 0 and "Nothing modified" not in result.stdout + result.stderr:
             raise CommandFailed(result.argv, result.returncode, result.stderr)
         return result
+
+
+def _cancel_target(job: object) -> bool:
+    if isinstance(job, str):
+        return _ARRAY_TASK_ID.fullmatch(job) is not None
+    return isinstance(job, int) and not isinstance(job, bool) and job > 0
 
 
 # -- the socket -----------------------------------------------------------------------
@@ -542,7 +642,8 @@ class _Handler(socketserver.BaseRequestHandler):
             if secret is not None and not isinstance(secret, str):
                 raise TenantError("session_secret must be a string")
             result = actions.submit(
-                account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s, session_secret=secret
+                account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s, session_secret=secret,
+                array_values=request.get("array_values"),
             )
             log.info("sbatch as %s for job %s: %s", account, request["job_id"], result.stdout.strip())
             return _result_payload(result)
@@ -763,18 +864,30 @@ class RunasClient:
         return CommandResult(tuple(argv), int(answer["returncode"]), answer["stdout"], answer["stderr"], 0.0)
 
     def submit(
-        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, session_secret: str | None = None
+        self,
+        account: str,
+        job_id: str,
+        script: str,
+        options: Sequence[str],
+        *,
+        timeout_s: float,
+        session_secret: str | None = None,
+        array_values: Sequence[str] | None = None,
     ) -> CommandResult:
-        request = {"op": "submit", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s}
+        request: dict[str, Any] = {
+            "op": "submit", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s,
+        }
         if session_secret is not None:
             request["session_secret"] = session_secret
+        if array_values is not None:
+            request["array_values"] = list(array_values)
         return self._result(["sbatch", *options], self._call(request, timeout_s))
 
     def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
         request = {"op": "test", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s}
         return self._result(["sbatch", "--test-only", *options], self._call(request, timeout_s))
 
-    def cancel(self, account: str, slurm_job_ids: Sequence[int] | None = None) -> CommandResult:
+    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None) -> CommandResult:
         request = {"op": "cancel", "account": account, "slurm_job_ids": None if slurm_job_ids is None else list(slurm_job_ids)}
         return self._result(["scancel"], self._call(request, self.settings.slurm_query_timeout_s))
 

@@ -123,3 +123,24 @@ def test_both_clients_quote_what_a_submit_would_cost(server: Server, token: str,
     assert asyncio.run(quoted())["quote"] == answer["quote"]
     with pytest.raises(ValidationFailed):
         client.quote("hello", params={"seconds": "soon"})
+
+
+def test_map_runs_one_array_job_whose_tasks_have_their_values(client: Client) -> None:
+    values = ["a'; echo foo", "a\n0", "$(touch /tmp/gpupool-client-map)"]
+    tasks = client.map("hello", "message", values, max_parallel=2, params={"seconds": 0})
+    assert [(task.index, task.value, task.state) for task in tasks] == [(i, value, "PENDING") for i, value in enumerate(values)]
+    job = client.job(tasks[0].job_id)
+    assert job.array == {"count": 3, "max_parallel": 2, "sweep_param": "message", "states": {"PENDING": 3}}
+    assert job.wait(timeout=180).state == "COMPLETED"
+    for task, value in zip(job.tasks(), values, strict=True):
+        assert (task.state, task.exit_code) == ("COMPLETED", 0)
+        assert task.logs(tail=1) == value.splitlines()[-1] + "\n"
+        assert task.gpu_seconds is not None
+    assert not Path("/tmp/gpupool-client-map").exists()
+
+
+def test_submit_with_array_returns_the_job_of_its_tasks(client: Client) -> None:
+    job = client.submit("hello", array=2, params={"seconds": 0})
+    assert job.array is not None and job.array["count"] == 2
+    assert [task.index for task in job.tasks()] == [0, 1]
+    assert job.wait(timeout=180).array == {"count": 2, "max_parallel": None, "sweep_param": None, "states": {"COMPLETED": 2}}

@@ -232,6 +232,8 @@ def test_slurm_itself_bounds_tenants_jobs_time_partition_and_per_gpu_caps(render
     settings = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith(("NodeName=", "PartitionName=")))
     assert settings["EnforcePartLimits"] == "ALL"
     assert settings["JobSubmitPlugins"] == "lua"
+    # gpupool's max_array_tasks (default 1000) tasks: indices 0 to 999, below MaxArraySize.
+    assert settings["MaxArraySize"] == "1001"
     assert [line for line in lines if line.startswith("PartitionName=")] == [
         "PartitionName=gpu Nodes=ALL Default=YES DefaultTime=60 MaxTime=10080 State=UP"
     ]

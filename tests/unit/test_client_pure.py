@@ -14,7 +14,7 @@ from gpupool_client import (
     compute_signature,
     verify_signature,
 )
-from gpupool_client._core import LineAssembler, RetryPolicy, session_is_open
+from gpupool_client._core import LineAssembler, RetryPolicy, session_is_open, submit_body
 from gpupool_client.cli import job_exit_code, parse_param
 from gpupool_client.client import Job
 from gpupool_client.errors import GpupoolError, error_from_response
@@ -98,3 +98,11 @@ def test_a_session_that_ended_first_says_why() -> None:
         session_is_open({"job_id": "j1", "state": "ended", "end_reason": "idle: no request and no open WebSocket for 1 min"})
     assert info.value.code == "session_ended"
     assert info.value.message == "session j1 ended before it was ready: idle: no request and no open WebSocket for 1 min"
+
+
+def test_submit_body_carries_array_and_sweep() -> None:
+    common: dict[str, object] = dict(gpus=1, params=None, gpu_type=None, name=None, container_image=None, cpus=None, mem_gb=None, time_limit_min=None)
+    assert submit_body("hello", **common, array=20)["array"] == {"count": 20}  # type: ignore[arg-type]
+    body = submit_body("hello", **common, array={"max_parallel": 2}, sweep={"message": ("a", "b")})  # type: ignore[arg-type]
+    assert (body["array"], body["sweep"]) == ({"max_parallel": 2}, {"message": ["a", "b"]})
+    assert "array" not in submit_body("hello", **common) and "sweep" not in submit_body("hello", **common)  # type: ignore[arg-type]

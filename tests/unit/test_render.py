@@ -30,6 +30,7 @@ import pytest
 
 from gpupool.errors import ValidationFailed
 from gpupool.render import (
+    ArraySpec,
     JobSpec,
     RenderedJob,
     gres,
@@ -239,8 +240,22 @@ def test_golden_session_script(shipped_templates: dict[str, Template], golden_na
     assert "secret" not in "".join(line for line in rendered.script.splitlines() if line.startswith("export "))
 
 
+# A sweep of hello's message over three values, at most two tasks at once.
+SWEEP = ArraySpec(count=3, max_parallel=2, sweep_param="message", sweep_values=("a'; echo foo", "a\n0", "$(touch /tmp/x)"))
+SWEEP_RUNTIMES = ("none", "docker")
+
+
+@pytest.mark.parametrize("runtime", SWEEP_RUNTIMES)
+def test_golden_sweep(hello: Template, runtime: str) -> None:
+    rendered = render(make_spec(hello, runtime, params={"seconds": 3}, array=SWEEP))
+    check_golden(f"hello-sweep-{runtime}.sbatch", rendered.script)
+    check_golden(f"hello-sweep-{runtime}.options", "".join(opt + "\n" for opt in rendered.options))
+    assert rendered.array_values == SWEEP.sweep_values
+
+
 def test_goldens_have_no_strays() -> None:
     expected = {f"hello-{runtime}.{ext}" for runtime in RUNTIMES for ext in ("sbatch", "options")}
+    expected |= {f"hello-sweep-{runtime}.{ext}" for runtime in SWEEP_RUNTIMES for ext in ("sbatch", "options")}
     expected |= {f"{name}.sbatch" for name in SESSION_GOLDENS}
     assert {path.name for path in GOLDEN_DIR.iterdir()} == expected
 
