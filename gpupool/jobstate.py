@@ -385,7 +385,7 @@ class JobStateRefresher:
                     values |= {
                         key: value
                         for key, value in _accounting_values(record, None).items()
-                        if key not in ("submitted_at",)
+                        if key not in ("submitted_at", "expected_start_at")  # the job's own columns, not a task's
                     }
                     if record.state != "PENDING":
                         values["slurm_job_id"] = record.slurm_job_id
