@@ -80,6 +80,8 @@ def job_view(job: Job, now: dt.datetime | None = None) -> dict[str, Any]:
         elapsed_s=elapsed,
         end_reason=job.end_reason,
         session=_is_session(job),
+        preemptible=job.preemptible,
+        run_count=job.run_count,
     ).model_dump(mode="json")
 
 

@@ -45,13 +45,18 @@ class SubmitRequest(BaseModel):
         default=None,
         max_length=2048,
         pattern=r"^https?://[!-~]+$",
-        description="Also send this job's webhook events (job.started, job.ended) here; the answer carries its callback_secret.",
+        description="Also send this job's webhook events (job.started, job.preempted, job.ended) here; the answer carries its callback_secret.",
     )
     idle_timeout_min: int | None = Field(
         default=None,
         ge=1,
         le=7 * 24 * 60,
         description="Session templates only: stop the session after this many idle minutes (at most the template's own).",
+    )
+    preemptible: bool = Field(
+        default=False,
+        description="Run at the spot price; any full-price job may preempt it: SIGTERM, then requeued, and it runs again "
+        "later. Every run is billed at the spot price for its own seconds.",
     )
 
 
@@ -79,6 +84,8 @@ class JobOut(BaseModel):
     elapsed_s: int | None
     end_reason: str | None = Field(default=None, description="Why gpupool ended the job, when it did (an idle session).")
     session: bool = Field(default=False, description="A session job: see GET /jobs/<id>/session.")
+    preemptible: bool = Field(default=False, description="A spot job: see POST /submit's preemptible.")
+    run_count: int = Field(default=0, description="Runs Slurm has started: more than 1 after a preemption.")
 
 
 class JobList(BaseModel):
@@ -156,11 +163,11 @@ class SubmitOut(JobOut):
     )
 
 
-WebhookEventType = Literal["job.started", "job.ended"]
+WebhookEventType = Literal["job.started", "job.ended", "job.preempted"]
 
 
 def _every_event_type() -> list[WebhookEventType]:
-    return ["job.started", "job.ended"]
+    return ["job.started", "job.ended", "job.preempted"]
 
 
 class WebhookCreate(BaseModel):

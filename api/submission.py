@@ -175,6 +175,7 @@ def _spec(app: AppState, job: Job) -> JobSpec:
         container_image=job.container_image,
         container_mounts=app.settings.container_mounts,
         session_ports=app.settings.session_ports if template.session is not None else None,
+        preemptible=job.preemptible,
     )
 
 
@@ -252,6 +253,10 @@ def submit(
     params = template.validate_params(req.params)
     if template.session is None and req.idle_timeout_min is not None:
         raise ValidationFailed(f"idle_timeout_min applies to session templates only; {req.template!r} is not one")
+    if req.preemptible and app.settings.container_runtime == "docker" and req.container_image is not None:
+        raise ValidationFailed("a docker job cannot be preemptible on this cluster: its container would not survive the requeue")
+    if template.session is not None and req.preemptible:
+        raise ValidationFailed(f"a session cannot be preemptible: a requeue would end it; {req.template!r} is a session template")
     gpus = req.gpus if req.gpus is not None else template.default_gpus
     if gpus < template.min_gpus:
         raise ValidationFailed(f"template {req.template!r} needs at least {template.min_gpus} GPU(s)")
@@ -280,6 +285,7 @@ def submit(
             time_limit_min=time_limit_min,
             currency=settings.currency,
             now=app.clock(),
+            preemptible=req.preemptible,
         )
     job_id = str(uuid.uuid4())
     job = Job(
@@ -295,6 +301,7 @@ def submit(
         mem_gb=req.mem_gb or settings.default_mem_gb,
         time_limit_min=time_limit_min,
         container_image=req.container_image,
+        preemptible=req.preemptible,
         job_dir=str(Path(settings.job_root) / caller.account / job_id),
         state=SUBMITTING,
         finished=False,

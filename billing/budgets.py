@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, Select, func, select, text
 from sqlalchemy.orm import Session
 
-from billing.meter import PriceBook, period_of
+from billing.meter import NORMAL_TIER, SPOT_TIER, PriceBook, period_of
 from billing.money import format_nanos
 from billing.prices import load_prices
 from gpupool.errors import NotFound, PaymentRequired
@@ -97,14 +97,18 @@ def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.
         .scalar_subquery()
     )
     jobs = session.execute(
-        select(Job.gpus, Job.gpu_type, Job.time_limit_min, billed).where(
+        select(Job.gpus, Job.gpu_type, Job.time_limit_min, Job.preemptible, billed).where(
             Job.account == account, Job.finished.is_(False), Job.gpus > 0
         )
     )
     return sum(
-        max(0, gpus * time_limit_min * 60 * prices.highest(gpu_type, now) - int(nanos))
-        for gpus, gpu_type, time_limit_min, nanos in jobs
+        max(0, gpus * time_limit_min * 60 * prices.highest(gpu_type, now, _tier(preemptible)) - int(nanos))
+        for gpus, gpu_type, time_limit_min, preemptible, nanos in jobs
     )
+
+
+def _tier(preemptible: bool) -> str:
+    return SPOT_TIER if preemptible else NORMAL_TIER
 
 
 def lock_budget(session: Session, account: str, now: dt.datetime) -> Balance:
@@ -136,12 +140,16 @@ def check_submit(
     time_limit_min: int,
     currency: str,
     now: dt.datetime,
+    preemptible: bool = False,
 ) -> None:
     """Raise PaymentRequired unless the account's budget covers this job's worst case.
 
     The worst case is GPUs x time limit x price, at the highest price of any
-    type when no type is asked for; jobs already queued or running count
-    with their own worst case, less what they have been billed so far.
+    type when no type is asked for, and at the spot price for a preemptible
+    job; jobs already queued or running count with their own worst case, less
+    what they have been billed so far. (Each run of a requeued spot job may use
+    its whole time limit again, so a preempted job can spend past this check;
+    the account's Slurm budget, at the dearest price, still stops it.)
     Holds the account's budget lock (``lock_budget``) until the caller's
     transaction ends: insert the job row and commit in that transaction.
     """
@@ -160,7 +168,7 @@ def check_submit(
     if gpus <= 0:
         return
     prices = load_prices(session)
-    worst = gpus * time_limit_min * 60 * prices.highest(gpu_type, now)
+    worst = gpus * time_limit_min * 60 * prices.highest(gpu_type, now, _tier(preemptible))
     left -= _committed_nanos(session, account, prices, now)
     if worst > left:
         raise PaymentRequired(

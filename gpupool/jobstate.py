@@ -39,6 +39,8 @@ log = logging.getLogger("gpupool.jobstate")
 LEASE_ID = 1
 SUBMISSION_LOST = "SubmissionLost"
 NOT_REPORTED = "NotReportedBySlurm"
+# Slurm's word for a preempted run; for a spot job gpupool's word for the wait before its next run.
+PREEMPTED = "PREEMPTED"
 
 
 # A job as the refresher reads it: a row of these columns before Slurm is asked, the
@@ -47,7 +49,7 @@ NOT_REPORTED = "NotReportedBySlurm"
 _READ_COLUMNS = (
     Job.id, Job.account, Job.slurm_job_id, Job.state, Job.reason, Job.submitted_at, Job.started_at, Job.ended_at,
     Job.node, Job.finished, Job.exit_code, Job.exit_signal, Job.elapsed_s, Job.last_seen_at, Job.updated_at,
-    Job.submit_attempted_at, Job.created_at,
+    Job.submit_attempted_at, Job.created_at, Job.preemptible, Job.run_count,
 )
 TrackedJob = Job | Row[Any]
 # Above this many changed rows the write phase reads every unfinished job rather than list their ids.
@@ -87,6 +89,23 @@ def _accounting_values(entry: AccountingEntry, submitted_at: dt.datetime | None)
     if entry.state in TERMINAL_STATES:
         values.update(finished=True, exit_code=entry.exit_code, exit_signal=entry.exit_signal, elapsed_s=entry.elapsed_s)
     return values
+
+
+def _run_values(job: TrackedJob, values: dict[str, Any]) -> dict[str, Any]:
+    """The run count, and PREEMPTED for a spot job waiting between runs, from the new values.
+
+    Each start Slurm reports that differs from the last one is a new run (a
+    requeued job keeps its id and starts again). A spot job that has run and
+    is pending again was preempted: squeue says PENDING, the API PREEMPTED.
+    """
+    changed: dict[str, Any] = {}
+    started_at = values.get("started_at", job.started_at)
+    run_count = job.run_count
+    if started_at is not None and started_at != job.started_at:
+        run_count = changed["run_count"] = job.run_count + 1
+    if job.preemptible and run_count > 0 and values.get("state", job.state) in ("PENDING", PREEMPTED):
+        changed["state"] = PREEMPTED
+    return changed
 
 
 class JobStateRefresher:
@@ -245,9 +264,12 @@ class JobStateRefresher:
             record = answers.accounting.get(job.slurm_job_id)
             if record is not None and not self._slurm.owns(record, job.account):
                 record = None
-            if record is not None and (entry is None or entry.state in TERMINAL_STATES):
+            # A spot job's PREEMPTED run is requeued (PreemptMode=REQUEUE): the job goes on.
+            requeued = job.preemptible and record is not None and record.state == PREEMPTED
+            if record is not None and not requeued and (entry is None or entry.state in TERMINAL_STATES):
                 values |= _accounting_values(record, values.get("submitted_at", job.submitted_at))
             values |= self._seen_values(job, entry is not None or record is not None, now)
+        values |= _run_values(job, values)
         return {column: value for column, value in values.items() if getattr(job, column) != value}
 
     def _queue_entry(self, job: TrackedJob, queue: Mapping[int, QueueEntry]) -> QueueEntry | None:

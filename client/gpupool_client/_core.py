@@ -118,8 +118,11 @@ def submit_body(
     mem_gb: int | None,
     time_limit_min: int | None,
     idle_timeout_min: int | None = None,
+    preemptible: bool = False,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"template": template, "params": dict(params or {})}
+    if preemptible:
+        body["preemptible"] = True
     optional = {
         "gpus": gpus,
         "gpu_type": gpu_type,

@@ -144,11 +144,13 @@ class Client:
         time_limit_min: int | None = None,
         idempotency_key: str | None = None,
         idle_timeout_min: int | None = None,
+        preemptible: bool = False,
     ) -> Job:
         """Submit a job. Retries never make a second job: each carries the same Idempotency-Key."""
         body = submit_body(
             template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
             cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
+            preemptible=preemptible,
         )
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         response = self._request("POST", "/submit", json=body, headers=headers)
