@@ -122,6 +122,8 @@ def job_view(
         estimated_start=job.expected_start_at if job.state == "PENDING" else None,
         queue_position=queue_position,
         array=_array_view(job, counts),
+        preemptible=job.preemptible,
+        run_count=job.run_count,
     ).model_dump(mode="json")
 
 

@@ -116,14 +116,14 @@ def _webhook_events() -> dict[str, Any]:
     headers = [
         {"name": "Gpupool-Signature", "in": "header", "required": True, "schema": {"type": "string"}, "description": _SIGNATURE_DESCRIPTION},
         {"name": "Gpupool-Event-Id", "in": "header", "required": True, "schema": {"type": "string"}, "description": "The event's id, also in the body: deduplicate on it (delivery is at least once)"},
-        {"name": "Gpupool-Event-Type", "in": "header", "required": True, "schema": {"enum": ["job.started", "job.ended"]}},
+        {"name": "Gpupool-Event-Type", "in": "header", "required": True, "schema": {"enum": ["job.started", "job.ended", "job.preempted"]}},
     ]
     body = {
         "type": "object",
         "required": ["id", "type", "created_at", "data"],
         "properties": {
             "id": {"type": "string"},
-            "type": {"enum": ["job.started", "job.ended"]},
+            "type": {"enum": ["job.started", "job.ended", "job.preempted"]},
             "created_at": {"type": "string", "format": "date-time"},
             "data": {"type": "object", "properties": {"job": {"type": "object", "description": "state, exit_code, exit_signal, elapsed_s, end_reason (why gpupool ended it: an idle session), times, gpus; gpu_seconds once billed, else null"}}},
         },
@@ -138,7 +138,11 @@ def _webhook_events() -> dict[str, Any]:
                 "responses": answer,
             }
         }
-        for event, summary in (("job.started", "A job started running"), ("job.ended", "A job ended, with its final state and exit code"))
+        for event, summary in (
+            ("job.started", "A job started running (a requeued spot job: each run)"),
+            ("job.preempted", "A spot job was preempted by a full-price job: requeued, it runs again later"),
+            ("job.ended", "A job ended, with its final state and exit code"),
+        )
     }
 
 
@@ -169,6 +173,7 @@ def _report_schema() -> dict[str, Any]:
             "revenue": {"type": "object", "properties": {"gpu_seconds": {"type": "integer"}, "amount": amount, "adjustments": amount, "net": amount}},
             "revenue_by_account": lines("account"),
             "revenue_by_gpu_type": lines("gpu_type"),
+            "revenue_by_tier": lines("tier"),
             "revenue_by_day": lines("date", gpu_seconds_by_gpu_type={"type": "object", "additionalProperties": {"type": "integer"}}),
             "adjustments": {
                 "type": "object",

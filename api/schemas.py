@@ -54,7 +54,7 @@ class SubmitRequest(BaseModel):
         default=None,
         max_length=2048,
         pattern=r"^https?://[!-~]+$",
-        description="Also send this job's webhook events (job.started, job.ended) here; the answer carries its callback_secret.",
+        description="Also send this job's webhook events (job.started, job.preempted, job.ended) here; the answer carries its callback_secret.",
     )
     idle_timeout_min: int | None = Field(
         default=None,
@@ -67,6 +67,11 @@ class SubmitRequest(BaseModel):
         default=None,
         description='One array task per value of one template parameter: {"param": [v1, v2, ...]}; task i gets value i.',
         examples=[{"lr": [0.1, 0.01, 0.001]}],
+    )
+    preemptible: bool = Field(
+        default=False,
+        description="Run at the spot price; any full-price job may preempt it: SIGTERM, then requeued, and it runs again "
+        "later. Every run is billed at the spot price for its own seconds.",
     )
 
 
@@ -105,6 +110,8 @@ class JobOut(BaseModel):
         "in the order Slurm expects to start them (those without an estimate last, oldest first); null otherwise.",
     )
     array: TaskCounts | None = Field(default=None, description="An array job's tasks; list them at GET /jobs/<id>/tasks.")
+    preemptible: bool = Field(default=False, description="A spot job: see POST /submit's preemptible.")
+    run_count: int = Field(default=0, description="Runs Slurm has started: more than 1 after a preemption.")
 
 
 class QuoteDetail(BaseModel):
@@ -237,11 +244,11 @@ class SubmitOut(JobOut):
     )
 
 
-WebhookEventType = Literal["job.started", "job.ended"]
+WebhookEventType = Literal["job.started", "job.ended", "job.preempted"]
 
 
 def _every_event_type() -> list[WebhookEventType]:
-    return ["job.started", "job.ended"]
+    return ["job.started", "job.ended", "job.preempted"]
 
 
 class WebhookCreate(BaseModel):

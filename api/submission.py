@@ -192,6 +192,7 @@ def _spec(app: AppState, job: Job) -> JobSpec:
         container_mounts=app.settings.container_mounts,
         session_ports=app.settings.session_ports if template.session is not None else None,
         array=_array_spec(job),
+        preemptible=job.preemptible,
     )
 
 
@@ -329,6 +330,12 @@ def _admit(
     params, array = _array_shape(app.settings, template, req)
     if template.session is None and req.idle_timeout_min is not None:
         raise ValidationFailed(f"idle_timeout_min applies to session templates only; {req.template!r} is not one")
+    if req.preemptible and app.settings.container_runtime == "docker" and req.container_image is not None:
+        raise ValidationFailed("a docker job cannot be preemptible on this cluster: its container would not survive the requeue")
+    if req.preemptible and (req.array is not None or req.sweep is not None):
+        raise ValidationFailed("an array job cannot be preemptible yet: submit its tasks at full price, or as single spot jobs")
+    if template.session is not None and req.preemptible:
+        raise ValidationFailed(f"a session cannot be preemptible: a requeue would end it; {req.template!r} is a session template")
     gpus = req.gpus if req.gpus is not None else template.default_gpus
     if gpus < template.min_gpus:
         raise ValidationFailed(f"template {req.template!r} needs at least {template.min_gpus} GPU(s)")
@@ -357,6 +364,7 @@ def _check_budget(app: AppState, session: Session, admitted: _Admitted, req: Sub
             currency=app.settings.currency,
             now=app.clock(),
             tasks=admitted.array.count if admitted.array is not None else 1,
+            preemptible=req.preemptible,
         )
 
 
@@ -378,6 +386,7 @@ def _new_job(
         mem_gb=req.mem_gb or settings.default_mem_gb,
         time_limit_min=admitted.time_limit_min,
         container_image=req.container_image,
+        preemptible=req.preemptible,
         job_dir=str(Path(settings.job_root) / caller.account / job_id),
         state=SUBMITTING,
         finished=False,
@@ -416,7 +425,7 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
         _check_budget(app, session, admitted, req)
         cost = worst_case(
             load_prices(session), gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
-            now=app.clock(), tasks=admitted.array.count if admitted.array is not None else 1,
+            now=app.clock(), tasks=admitted.array.count if admitted.array is not None else 1, preemptible=req.preemptible,
         )
     finally:
         session.rollback()  # ends the budget lock before Slurm is asked; nothing was written

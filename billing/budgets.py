@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, Select, func, select, text
 from sqlalchemy.orm import Session
 
-from billing.meter import PriceBook, period_of
+from billing.meter import NORMAL_TIER, SPOT_TIER, PriceBook, period_of
 from billing.money import format_nanos
 from billing.prices import load_prices
 from gpupool.errors import NotFound, PaymentRequired, PriceMissing
@@ -97,14 +97,18 @@ def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.
         .scalar_subquery()
     )
     jobs = session.execute(
-        select(Job.gpus * func.coalesce(Job.array_size, 1), Job.gpu_type, Job.time_limit_min, billed).where(
+        select(Job.gpus * func.coalesce(Job.array_size, 1), Job.gpu_type, Job.time_limit_min, Job.preemptible, billed).where(
             Job.account == account, Job.finished.is_(False), Job.gpus > 0
         )
     )
     return sum(
-        max(0, gpus * time_limit_min * 60 * prices.highest(gpu_type, now) - int(nanos))
-        for gpus, gpu_type, time_limit_min, nanos in jobs
+        max(0, gpus * time_limit_min * 60 * prices.highest(gpu_type, now, _tier(preemptible)) - int(nanos))
+        for gpus, gpu_type, time_limit_min, preemptible, nanos in jobs
     )
+
+
+def _tier(preemptible: bool) -> str:
+    return SPOT_TIER if preemptible else NORMAL_TIER
 
 
 def lock_budget(session: Session, account: str, now: dt.datetime) -> Balance:
@@ -141,16 +145,23 @@ class WorstCase:
 
 
 def worst_case(
-    prices: PriceBook, *, gpus: int, gpu_type: str | None, time_limit_min: int, now: dt.datetime, tasks: int = 1
+    prices: PriceBook,
+    *,
+    gpus: int,
+    gpu_type: str | None,
+    time_limit_min: int,
+    now: dt.datetime,
+    tasks: int = 1,
+    preemptible: bool = False,
 ) -> WorstCase:
     """The worst case ``check_submit`` holds a job to, and a quote shows: one computation for both.
 
     With no GPU type asked for, the job may land on any, so the highest price of any type counts;
-    each of an array's tasks may run to its limit.
+    each of an array's tasks may run to its limit; a spot job counts at the spot price.
     """
     gpu_seconds = max(tasks, 1) * max(gpus, 0) * time_limit_min * 60
     try:
-        return WorstCase(gpu_seconds, prices.highest(gpu_type, now))
+        return WorstCase(gpu_seconds, prices.highest(gpu_type, now, _tier(preemptible)))
     except PriceMissing as exc:
         return WorstCase(gpu_seconds, None, exc)
 
@@ -165,13 +176,17 @@ def check_submit(
     currency: str,
     now: dt.datetime,
     tasks: int = 1,
+    preemptible: bool = False,
 ) -> None:
     """Raise PaymentRequired unless the account's budget covers this job's worst case.
 
     The worst case is GPUs x time limit x price (x tasks, for an array job: each
-    task may run to its limit), at the highest price of any
-    type when no type is asked for; jobs already queued or running count
-    with their own worst case, less what they have been billed so far.
+    task may run to its limit), at the highest price of any type when no type
+    is asked for, and at the spot price for a preemptible job; jobs already
+    queued or running count with their own worst case, less what they have been
+    billed so far. (Each run of a requeued spot job may use its whole time limit
+    again, so a preempted job can spend past this check; the account's Slurm
+    budget, at the dearest price, still stops it.)
     Holds the account's budget lock (``lock_budget``) until the caller's
     transaction ends: insert the job row and commit in that transaction.
     """
@@ -190,7 +205,9 @@ def check_submit(
     if gpus <= 0:
         return
     prices = load_prices(session)
-    cost = worst_case(prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now, tasks=tasks)
+    cost = worst_case(
+        prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now, tasks=tasks, preemptible=preemptible
+    )
     if cost.unit_price_nanos is None:
         raise cost.price_missing or PriceMissing(f"no price for GPU type {gpu_type!r}")
     worst = cost.gpu_seconds * cost.unit_price_nanos

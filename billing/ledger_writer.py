@@ -41,6 +41,7 @@ LEDGER_COLUMNS = (
     "amount_nanos",
     "correction",
     "final",
+    "tier",
 )
 _COPY_BATCH = 1000  # rows per chunk: ~200 KB, far below _COPY_READ_SIZE
 _COPY_READ_SIZE = 64 * 1024 * 1024
@@ -78,6 +79,7 @@ def ledger_values(
         row.amount_nanos,
         row.correction,
         row.final,
+        row.tier,
     )
 
 

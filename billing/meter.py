@@ -1,5 +1,9 @@
 """Turning job runs into ledger rows: pure arithmetic, no database, no Slurm.
 
+Each run is priced at the tier of the QOS Slurm ran it under (sacct's QOS of
+that run, not what the API asked for): a tenant that moves its job to another
+QOS, or submits around the API, pays that QOS's price (``PriceBook``).
+
 A run's rows always cover ``[start, start + billed seconds)`` with no gap and
 no overlap. Each pass bills from where the run's rows end to its current
 ``ElapsedRaw``, cut at UTC month starts and at price changes, so every row
@@ -29,6 +33,10 @@ from billing.sacct import JobRun
 from gpupool.errors import PriceMissing
 
 ANY_GPU_TYPE = "*"
+# The tier of full-price runs: Slurm's default QOS. Any other tier is named after its QOS.
+NORMAL_TIER = "normal"
+# Preemptible runs: the QOS any normal job may preempt (requeue), at the operator's spot price.
+SPOT_TIER = "spot"
 RunKey = tuple[str, int, dt.datetime, str]  # cluster, job id, run start, GPU type
 
 
@@ -56,8 +64,8 @@ def next_month_start(moment: dt.datetime) -> dt.datetime:
     return _month(moment.year, moment.month)[1]
 
 
-class PriceBook:
-    """Unit prices (nano-units per GPU-second) by GPU type over time."""
+class _Schedule:
+    """Unit prices (nano-units per GPU-second) of one tier, by GPU type over time."""
 
     def __init__(self, prices: Iterable[tuple[str, dt.datetime, int]]) -> None:
         by_type: dict[str, list[tuple[dt.datetime, int]]] = {}
@@ -69,6 +77,21 @@ class PriceBook:
             entries.sort()
             self._starts[gpu_type] = [start for start, _ in entries]
             self._nanos[gpu_type] = [nanos for _, nanos in entries]
+
+    def types(self) -> Iterable[str]:
+        return self._starts.keys()
+
+    def covers(self, gpu_type: str, moment: dt.datetime) -> bool:
+        """Whether a price of this tier (the type's own or ``*``) is in force at ``moment``."""
+        return any(
+            (starts := self._starts.get(candidate)) is not None and starts[0] <= moment
+            for candidate in (gpu_type, ANY_GPU_TYPE)
+        )
+
+    def first_start(self, gpu_type: str) -> dt.datetime | None:
+        """When this tier first prices ``gpu_type`` (its own price or ``*``)."""
+        firsts = [starts[0] for candidate in (gpu_type, ANY_GPU_TYPE) if (starts := self._starts.get(candidate))]
+        return min(firsts) if firsts else None
 
     def _schedule(self, gpu_type: str, moment: dt.datetime) -> tuple[list[dt.datetime], list[int], int]:
         for candidate in (gpu_type, ANY_GPU_TYPE):
@@ -84,11 +107,6 @@ class PriceBook:
         )
 
     def price_at(self, gpu_type: str, moment: dt.datetime) -> tuple[int, dt.datetime | None]:
-        """The unit price in force at ``moment`` and when it next changes (None: not scheduled).
-
-        While the default ``*`` price applies, the type's own first price is a
-        change too: from then on the type's schedule replaces the default.
-        """
         own_starts = self._starts.get(gpu_type)
         if own_starts is not None and len(own_starts) == 1 and own_starts[0] <= moment:
             return self._nanos[gpu_type][0], None  # the usual case: one price, ever
@@ -99,15 +117,75 @@ class PriceBook:
         return nanos[index], next_change
 
     def price_since(self, gpu_type: str, moment: dt.datetime) -> tuple[int, dt.datetime]:
-        """The unit price in force at ``moment`` and since when."""
         starts, nanos, index = self._schedule(gpu_type, moment)
         return nanos[index], starts[index]
 
-    def highest(self, gpu_type: str | None, moment: dt.datetime) -> int:
-        """Worst-case price at ``moment`` for a GPU of ``gpu_type`` (None: any type)."""
+
+_NO_PRICES = _Schedule([])
+
+
+class PriceBook:
+    """Unit prices (nano-units per GPU-second) by tier and GPU type over time.
+
+    A tier is named after the Slurm QOS a run ran under (``normal``, ``spot``).
+    Where a tier has no price of its own for a type (nor a ``*`` default) at a
+    moment, the ``normal`` tier's price applies: a QOS without a price of its
+    own is never cheaper than the full price.
+    """
+
+    def __init__(self, prices: Iterable[tuple[str, dt.datetime, int] | tuple[str, dt.datetime, int, str]]) -> None:
+        by_tier: dict[str, list[tuple[str, dt.datetime, int]]] = {}
+        for entry in prices:
+            tier = entry[3] if len(entry) > 3 else NORMAL_TIER  # type: ignore[misc]
+            by_tier.setdefault(tier, []).append((entry[0], entry[1], entry[2]))
+        self._tiers = {tier: _Schedule(entries) for tier, entries in by_tier.items()}
+        self._normal = self._tiers.get(NORMAL_TIER, _NO_PRICES)
+
+    def tier_of(self, gpu_type: str, moment: dt.datetime, tier: str = NORMAL_TIER) -> str:
+        """The tier whose price a run under QOS ``tier`` pays at ``moment``."""
+        if tier == NORMAL_TIER:
+            return NORMAL_TIER
+        own = self._tiers.get(tier)
+        return tier if own is not None and own.covers(gpu_type, moment) else NORMAL_TIER
+
+    def price_at(self, gpu_type: str, moment: dt.datetime, tier: str = NORMAL_TIER) -> tuple[int, dt.datetime | None]:
+        """The unit price in force at ``moment`` and when it next changes (None: not scheduled).
+
+        While the default ``*`` price applies, the type's own first price is a
+        change too: from then on the type's schedule replaces the default; so is
+        the first price of ``tier`` while the normal price stands in for it.
+        """
+        if tier == NORMAL_TIER:
+            return self._normal.price_at(gpu_type, moment)
+        own = self._tiers.get(tier)
+        if own is not None and own.covers(gpu_type, moment):
+            return own.price_at(gpu_type, moment)
+        nanos, next_change = self._normal.price_at(gpu_type, moment)
+        first = own.first_start(gpu_type) if own is not None else None
+        if first is not None and (next_change is None or first < next_change):
+            next_change = first
+        return nanos, next_change
+
+    def price_since(self, gpu_type: str, moment: dt.datetime, tier: str = NORMAL_TIER) -> tuple[int, dt.datetime]:
+        """The unit price in force at ``moment`` and since when."""
+        own = self._tiers.get(tier) if tier != NORMAL_TIER else None
+        if own is not None and own.covers(gpu_type, moment):
+            return own.price_since(gpu_type, moment)
+        return self._normal.price_since(gpu_type, moment)
+
+    def highest(self, gpu_type: str | None, moment: dt.datetime, tier: str = NORMAL_TIER) -> int:
+        """Worst-case price at ``moment`` for a GPU of ``gpu_type`` (None: any type) under ``tier``."""
         if gpu_type is not None:
-            return self.price_at(gpu_type, moment)[0]
-        known = [self.price_at(name, moment)[0] for name in self._starts if self._starts[name][0] <= moment]
+            return self.price_at(gpu_type, moment, tier)[0]
+        names = set(self._normal.types())
+        own = self._tiers.get(tier)
+        if own is not None:
+            names.update(own.types())
+        known = [
+            self.price_at(name, moment, tier)[0]
+            for name in names
+            if self._normal.covers(name, moment) or (own is not None and own.covers(name, moment))
+        ]
         if not known:
             raise PriceMissing("no GPU prices are set; set them with `gpupool price set TYPE PRICE`")
         return max(known)
@@ -127,6 +205,7 @@ class LedgerRow:
     amount_nanos: int
     correction: bool = False
     final: bool = False
+    tier: str = NORMAL_TIER  # the price tier of ``unit_price_nanos``: the run's QOS, or normal (PriceBook)
 
 
 def month_start(moment: dt.datetime) -> dt.datetime:
@@ -140,7 +219,7 @@ def _corrections(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: P
     moment = run.start + billed_s * _ONE_SECOND
     while moment > end:
         last_second = moment - _ONE_SECOND
-        unit_price, price_start = prices.price_since(gpu_type, last_second)
+        unit_price, price_start = prices.price_since(gpu_type, last_second, run.qos)
         cut = max(end, month_start(last_second), price_start)
         seconds = (moment - cut) // _ONE_SECOND
         rows.append(
@@ -157,6 +236,7 @@ def _corrections(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: P
                 amount_nanos=-gpus * seconds * unit_price,
                 correction=True,
                 final=True,
+                tier=prices.tier_of(gpu_type, last_second, run.qos),
             )
         )
         moment = cut
@@ -179,7 +259,7 @@ def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBo
     moment = start + billed_s * _ONE_SECOND if billed_s else start
     end = start + run.elapsed_s * _ONE_SECOND
     while moment < end:
-        unit_price, price_change = prices.price_at(gpu_type, moment)
+        unit_price, price_change = prices.price_at(gpu_type, moment, run.qos)
         period, month_end = _month(moment.year, moment.month)
         cut = end if end <= month_end else month_end
         if price_change is not None and price_change < cut:
@@ -202,6 +282,7 @@ def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBo
                 unit_price_nanos=unit_price,
                 amount_nanos=gpu_seconds * unit_price,
                 final=closes and cut is end,
+                tier=prices.tier_of(gpu_type, moment, run.qos),
             )
         )
         moment = cut
@@ -210,7 +291,8 @@ def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBo
 
 def _final_marker(run: JobRun, gpu_type: str, gpus: int, prices: PriceBook) -> LedgerRow:
     end = run.start + run.elapsed_s * _ONE_SECOND
-    unit_price, _ = prices.price_since(gpu_type, end - _ONE_SECOND if run.elapsed_s else end)
+    last_second = end - _ONE_SECOND if run.elapsed_s else end
+    unit_price, _ = prices.price_since(gpu_type, last_second, run.qos)
     return LedgerRow(
         run=run,
         gpu_type=gpu_type,
@@ -223,6 +305,7 @@ def _final_marker(run: JobRun, gpu_type: str, gpus: int, prices: PriceBook) -> L
         unit_price_nanos=unit_price,
         amount_nanos=0,
         final=True,
+        tier=prices.tier_of(gpu_type, last_second, run.qos),
     )
 
 

@@ -30,7 +30,7 @@ from billing.credits import credit_failed_nodes
 from billing.ledger_writer import JobIdLookup, write_ledger_rows
 from billing.meter import Billed, RunKey, billed_by_run, meter_rows
 from billing.prices import load_prices
-from billing.sacct import SACCT_FIELDS, JobRun, RunReader, Tenancy, detect_delimiter
+from billing.sacct import PASS_FIELDS, JobRun, RunReader, Tenancy, detect_delimiter
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
@@ -251,7 +251,7 @@ def run_pass(
             window_start = window_end - dt.timedelta(seconds=settings.billing_initial_lookback_s)
         # A delimiter no job name can predict: names cannot forge columns or rows (billing.sacct).
         delimiter = unpredictable_delimiter()
-        text = slurm.billing_accounting(window_start, window_end, SACCT_FIELDS, delimiter)
+        text = slurm.billing_accounting(window_start, window_end, PASS_FIELDS, delimiter)
         report = bill_sacct_output(
             session,
             settings,

@@ -3,6 +3,7 @@
 Where each figure comes from:
 - revenue, GPU-hours sold: the ledger, each row prorated to the seconds of it
   inside the window (rows are exact, so a row wholly inside counts as billed);
+  by account, GPU type, price tier (normal or spot: the row's own) and day;
 - adjustments: the ``adjustments`` table, apart from revenue;
 - utilization: sacct's allocations (``AllocTRES`` GPUs x the seconds of
   [Start, End) inside the window, split over the job's nodes) over what the
@@ -32,7 +33,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.invoice import PERIOD, check_period, spreadsheet_text
-from billing.meter import month_start, next_month_start
+from billing.meter import NORMAL_TIER, month_start, next_month_start
 from billing.money import format_cents, format_nanos, parse_nanos, round_to_cents
 from gpupool.config import Settings
 from gpupool.errors import BadRequest
@@ -214,6 +215,8 @@ class Report:
     waiting_now: list[dict[str, Any]]
     payback: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    # Full price (normal) and spot: the tier each ledger row was priced at.
+    revenue_by_tier: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -225,6 +228,7 @@ class Report:
             "revenue": self.revenue,
             "revenue_by_account": self.revenue_by_account,
             "revenue_by_gpu_type": self.revenue_by_gpu_type,
+            "revenue_by_tier": self.revenue_by_tier,
             "revenue_by_day": self.revenue_by_day,
             "adjustments": self.adjustments,
             "gpu_seconds_sold": self.gpu_seconds_sold,
@@ -263,18 +267,23 @@ class LedgerWindow:
     total: _Sums = field(default_factory=_Sums)
     by_account: dict[str, _Sums] = field(default_factory=dict)
     by_gpu_type: dict[str, _Sums] = field(default_factory=dict)
+    by_tier: dict[str, _Sums] = field(default_factory=dict)
     by_day: dict[dt.date, _Sums] = field(default_factory=dict)
     by_day_and_type: dict[tuple[dt.date, str], int] = field(default_factory=dict)
     by_run: dict[RunId, int] = field(default_factory=dict)
 
 
-LedgerRowValues = tuple[str, str, int, dt.datetime, dt.datetime, int, int, int, int, int, dt.datetime]
+LedgerRowValues = (
+    tuple[str, str, int, dt.datetime, dt.datetime, int, int, int, int, int, dt.datetime]
+    | tuple[str, str, int, dt.datetime, dt.datetime, int, int, int, int, int, dt.datetime, str]
+)
 
 
 def sum_ledger_rows(rows: Iterable[LedgerRowValues], since: dt.datetime, end: dt.datetime) -> LedgerWindow:
-    """(account, type, GPUs, from, to, seconds, GPU-seconds, price, amount, job id, run start) rows, cut to [since, end)."""
+    """(account, type, GPUs, from, to, seconds, GPU-seconds, price, amount, job id, run start[, tier]) rows,
+    cut to [since, end). Rows without a tier are normal's."""
     sums = LedgerWindow()
-    for account, gpu_type, gpus, start, stop, seconds, gpu_seconds, price, nanos, job_id_raw, run_start in rows:
+    for account, gpu_type, gpus, start, stop, seconds, gpu_seconds, price, nanos, job_id_raw, run_start, *tier in rows:
         inside = overlap_s(start, stop, since, end)
         if inside == 0:
             continue
@@ -285,6 +294,7 @@ def sum_ledger_rows(rows: Iterable[LedgerRowValues], since: dt.datetime, end: dt
         sums.total.add(gpu_seconds, nanos)
         sums.by_account.setdefault(account, _Sums()).add(gpu_seconds, nanos)
         sums.by_gpu_type.setdefault(gpu_type, _Sums()).add(gpu_seconds, nanos)
+        sums.by_tier.setdefault(tier[0] if tier else NORMAL_TIER, _Sums()).add(gpu_seconds, nanos)
         run = (job_id_raw, run_start)
         sums.by_run[run] = sums.by_run.get(run, 0) + nanos
         moment, stop = max(start, since), min(stop, end)
@@ -303,7 +313,7 @@ def _ledger_query(since: dt.datetime, end: dt.datetime) -> Any:
     entry = LedgerEntry
     return select(
         entry.account, entry.gpu_type, entry.gpus, entry.interval_from, entry.interval_to, entry.seconds,
-        entry.gpu_seconds, entry.unit_price_nanos, entry.amount_nanos, entry.job_id_raw, entry.run_start,
+        entry.gpu_seconds, entry.unit_price_nanos, entry.amount_nanos, entry.job_id_raw, entry.run_start, entry.tier,
     ).where(entry.interval_to > since, entry.interval_from < end)
 
 
@@ -621,6 +631,7 @@ def build_report(
         },
         revenue_by_account=[{"account": name, **sums.as_json()} for name, sums in sorted(ledger.by_account.items())],
         revenue_by_gpu_type=[{"gpu_type": name, **sums.as_json()} for name, sums in sorted(ledger.by_gpu_type.items())],
+        revenue_by_tier=[{"tier": name, **sums.as_json()} for name, sums in sorted(ledger.by_tier.items())],
         revenue_by_day=[
             {
                 "date": day.isoformat(),
@@ -677,6 +688,7 @@ def report_table(report: Report) -> str:
     ]
     out += _table("Revenue by account", ("account", "gpu_hours", "amount"), [(r["account"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_account"]])
     out += _table("Revenue by GPU type", ("gpu_type", "gpu_hours", "amount"), [(r["gpu_type"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_gpu_type"]])
+    out += _table("Revenue by price tier", ("tier", "gpu_hours", "amount"), [(r["tier"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_tier"]])
     out += _table("Revenue by day (UTC)", ("date", "gpu_hours", "amount"), [(r["date"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_day"]])
     adjustments = data["adjustments"]
     out += _table(
@@ -731,7 +743,9 @@ def report_csv(report: Report) -> str:
         *(("revenue", "total", key, value) for key, value in data["revenue"].items()),
         ("gpu_hours_sold", "total", "gpu_hours", data["gpu_hours_sold"]),
     ]
-    for section, key in (("revenue_by_account", "account"), ("revenue_by_gpu_type", "gpu_type"), ("revenue_by_day", "date")):
+    for section, key in (
+        ("revenue_by_account", "account"), ("revenue_by_gpu_type", "gpu_type"), ("revenue_by_tier", "tier"), ("revenue_by_day", "date"),
+    ):
         for line in data[section]:
             rows += [(section, line[key], "gpu_seconds", line["gpu_seconds"]), (section, line[key], "amount", line["amount"])]
     for key in ("credits", "charges", "total"):

@@ -1,6 +1,6 @@
 """Reading sacct's accounting output into job runs: pure, tested on literal strings.
 
-A billing pass asks for exactly ``SACCT_FIELDS``; replays accept any
+A billing pass asks for exactly ``PASS_FIELDS``; replays accept any
 ``sacct --parsable2`` output whose header names at least ``REQUIRED_FIELDS``
 and ``ElapsedRaw`` or ``Elapsed``, or header-less output whose fields are named
 by the caller (``XDMOD_FIELDS`` for Open XDMoD's export). Field names are
@@ -61,6 +61,9 @@ SACCT_FIELDS = (
     "AllocTRES",
     "JobName",
 )
+# What a billing pass asks sacct for: the above and each run's QOS, which prices it
+# (billing.meter). Output without a QOS column (older dumps) bills at the normal tier.
+PASS_FIELDS = (*SACCT_FIELDS[:-1], "QOS", SACCT_FIELDS[-1])
 REQUIRED_FIELDS = ("JobIDRaw", "Account", "User", "State", "Start", "AllocTRES")
 # Exact seconds when sacct printed them; otherwise [D-]HH:MM:SS, as older dumps have it.
 ELAPSED_FIELDS = ("ElapsedRaw", "Elapsed")
@@ -74,7 +77,7 @@ XDMOD_FIELDS = (
 # sacct's own spelling of the names billing reads; sacct accepts any case in --format.
 _CANONICAL = {
     name.lower(): name
-    for name in (*SACCT_FIELDS, "Elapsed", "NodeList", "Partition", "Eligible", "ExitCode", "NNodes", "ReqTRES")
+    for name in (*PASS_FIELDS, "Elapsed", "NodeList", "Partition", "Eligible", "ExitCode", "NNodes", "ReqTRES")
 }
 # Columns sacct fills with what a job's submitter wrote (lower case): at most one, last.
 _FREE_TEXT = frozenset({
@@ -103,6 +106,8 @@ class JobRun:
     # sacct's own text of start and end, reused when writing rows (see billing.ledger_writer).
     start_text: str = field(default="", compare=False, repr=False)
     end_text: str = field(default="", compare=False, repr=False)
+    # The QOS Slurm ran this run under, lower case: its price tier (billing.meter.PriceBook).
+    qos: str = "normal"
 
     @property
     def finished(self) -> bool:
@@ -162,7 +167,7 @@ class ParsedAccounting:
 
 def detect_delimiter(header_line: str) -> str:
     """The delimiter of a header line made of known field names, e.g. ``Cluster|JobIDRaw|...``."""
-    known = sorted(set(SACCT_FIELDS) | set(REQUIRED_FIELDS) | {"ExitCode", "Elapsed"}, key=len, reverse=True)
+    known = sorted(set(PASS_FIELDS) | set(REQUIRED_FIELDS) | {"ExitCode", "Elapsed"}, key=len, reverse=True)
     first = next((name for name in known if header_line.startswith(name)), None)
     if first is not None:
         rest = header_line[len(first):]
@@ -239,6 +244,7 @@ class RunReader:
         i_elapsed = column["ElapsedRaw" if exact_elapsed else "Elapsed"]
         i_id, i_end, i_name = column.get("JobID"), column.get("End"), column.get("JobName")
         i_user = column["User"]
+        i_qos = column.get("QOS")
         default_cluster = self.default_cluster or ""
         width = len(self.header)
         # Only the pass's own delimiter keeps a name's next line from passing for a row.
@@ -316,6 +322,7 @@ class RunReader:
                     row[i_name].replace("\x00", "") if i_name is not None else "",
                     start_text,
                     end_text if end is not None else "",
+                    (row[i_qos].strip().lower() or "normal") if i_qos is not None else "normal",
                 )
             except ParseError as exc:
                 raise DumpRefused(line, str(exc)) from exc

@@ -50,6 +50,9 @@ NOT_REPORTED = "NotReportedBySlurm"
 # that never started): no row of its own is ever made, so sacct has nothing more to say.
 REMOVED_WHILE_PENDING = "RemovedWhilePending"
 
+# Slurm's word for a preempted run; for a spot job gpupool's word for the wait before its next run.
+PREEMPTED = "PREEMPTED"
+
 
 # A job as the refresher reads it: a row of these columns before Slurm is asked, the
 # ORM object when it is written. Whatever Slurm's answer would change is computed from
@@ -57,7 +60,7 @@ REMOVED_WHILE_PENDING = "RemovedWhilePending"
 _READ_COLUMNS = (
     Job.id, Job.account, Job.slurm_job_id, Job.state, Job.reason, Job.submitted_at, Job.started_at, Job.ended_at,
     Job.node, Job.finished, Job.exit_code, Job.exit_signal, Job.elapsed_s, Job.last_seen_at, Job.updated_at,
-    Job.submit_attempted_at, Job.created_at, Job.expected_start_at, Job.array_size,
+    Job.submit_attempted_at, Job.created_at, Job.expected_start_at, Job.array_size, Job.preemptible, Job.run_count,
 )
 _TASK_COLUMNS = (
     JobTask.job_id, JobTask.task_index, JobTask.slurm_job_id, JobTask.state, JobTask.finished, JobTask.reason,
@@ -137,6 +140,23 @@ def _accounting_values(entry: AccountingEntry, submitted_at: dt.datetime | None)
     if entry.state in TERMINAL_STATES:
         values.update(finished=True, exit_code=entry.exit_code, exit_signal=entry.exit_signal, elapsed_s=entry.elapsed_s)
     return values
+
+
+def _run_values(job: TrackedJob, values: dict[str, Any]) -> dict[str, Any]:
+    """The run count, and PREEMPTED for a spot job waiting between runs, from the new values.
+
+    Each start Slurm reports that differs from the last one is a new run (a
+    requeued job keeps its id and starts again). A spot job that has run and
+    is pending again was preempted: squeue says PENDING, the API PREEMPTED.
+    """
+    changed: dict[str, Any] = {}
+    started_at = values.get("started_at", job.started_at)
+    run_count = job.run_count
+    if started_at is not None and started_at != job.started_at:
+        run_count = changed["run_count"] = job.run_count + 1
+    if job.preemptible and run_count > 0 and values.get("state", job.state) in ("PENDING", PREEMPTED):
+        changed["state"] = PREEMPTED
+    return changed
 
 
 class JobStateRefresher:
@@ -323,11 +343,14 @@ class JobStateRefresher:
             record = answers.accounting.get(job.slurm_job_id)
             if record is not None and not self._slurm.owns(record, job.account):
                 record = None
-            if record is not None and (entry is None or entry.state in TERMINAL_STATES):
+            # A spot job's PREEMPTED run is requeued (PreemptMode=REQUEUE): the job goes on.
+            requeued = job.preemptible and record is not None and record.state == PREEMPTED
+            if record is not None and not requeued and (entry is None or entry.state in TERMINAL_STATES):
                 values |= _accounting_values(record, values.get("submitted_at", job.submitted_at))
             values |= self._seen_values(job, entry is not None or record is not None, now)
             if self._estimate_passed(job.expected_start_at, values.get("expected_start_at"), now):
                 del values["expected_start_at"]
+        values |= _run_values(job, values)
         return {column: value for column, value in values.items() if getattr(job, column) != value}
 
     def _estimate_passed(self, stored: dt.datetime | None, listed: dt.datetime | None, now: dt.datetime) -> bool:

@@ -74,6 +74,8 @@ class JobSpec:
     # For a session template (gpupool.sessions): the operator's port range for its server, "low-high".
     session_ports: str | None = None
     array: ArraySpec | None = None
+    # A spot job: the QOS any full-price job may preempt; requeued when it is (its own runs' price tier).
+    preemptible: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,12 @@ class RenderedJob:
 
 
 TAG_PREFIX = "gpupool:"
+# The Slurm QOS of preemptible jobs (deploy: slurm_common_spot_qos); billing prices its runs at the spot tier.
+SPOT_QOS = "spot"
+# Preemption signals a job's steps only; with PreemptParameters=send_user_signal Slurm sends this
+# instead, to the batch script itself (B:), so the script hears SIGTERM before the requeue.
+# It also comes 30 s before the time limit, when Slurm's own SIGTERM would come anyway.
+SPOT_SIGNAL = "B:TERM@30"
 
 
 def job_tag(job_id: str) -> str:
@@ -212,6 +220,8 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
         f"--mem={spec.mem_gb}G",
         f"--gres={gres(spec.gpus, spec.gpu_type)}",
         f"--time={spec.time_limit_min}",
+        # Spot: the QOS Slurm prices, preempts and requeues by; nothing else differs.
+        *((f"--qos={SPOT_QOS}", "--requeue", f"--signal={SPOT_SIGNAL}", "--open-mode=append") if spec.preemptible else ()),
     ]
     if spec.array is not None:
         options.append(f"--array={spec.array.option_value}")
@@ -346,10 +356,44 @@ def render(spec: JobSpec) -> RenderedJob:
     env_names = [name for name, _ in env] + ([param_env_name(sweep)] if sweep is not None else [])
     if spec.runtime == "docker" and spec.container_image:
         lines += _docker_wrapped(spec, env_names)
+    elif spec.preemptible:
+        lines += _spot_wrapped(spec.body)
     else:
         lines.append(spec.body.rstrip("\n"))
     values = spec.array.sweep_values if spec.array is not None and sweep is not None else None
     return RenderedJob(script="\n".join(lines) + "\n", options=options, array_values=values)
+
+
+def _spot_wrapped(body: str) -> list[str]:
+    """A spot job's body, run so that a preemption requeues the job rather than ending it.
+
+    At preemption Slurm sends the script SIGTERM (--signal=B:TERM, PreemptParameters)
+    and requeues the job only if it is still running when the grace time ends: a
+    script that exits first ends the job (FAILED or COMPLETED). So the body runs as a
+    child, gets the SIGTERM passed on, and after it has stopped the script waits for
+    Slurm's requeue, whose own SIGTERM ends the script. (The same SIGTERM comes 30 s
+    before the time limit, where waiting ends at the limit, as the job would without it.)
+    """
+    return [
+        "gpupool_signalled=''",
+        # The second SIGTERM is Slurm's own, once it requeues (or ends) the job: stop then.
+        "trap 'if [[ -n $gpupool_signalled ]]; then exit 143; fi; gpupool_signalled=1; kill -TERM \"${gpupool_body:-}\" 2>/dev/null || true' TERM",
+        "(",
+        body.rstrip("\n"),
+        ") &",
+        "gpupool_body=$!",
+        "# wait returns early when the trap runs: wait again while the body still runs.",
+        "while :; do",
+        "  gpupool_status=0",
+        '  wait "$gpupool_body" || gpupool_status=$?',
+        '  kill -0 "$gpupool_body" 2>/dev/null || break',
+        "done",
+        'if [[ -n $gpupool_signalled ]]; then',
+        "  echo 'gpupool: SIGTERM (preempted, or 30 s before the time limit); waiting for Slurm to requeue or end the job' >&2",
+        "  while :; do sleep 1; done",
+        "fi",
+        'exit "$gpupool_status"',
+    ]
 
 
 def _sweep_reader(param: str) -> list[str]:

@@ -1,7 +1,7 @@
 """Webhooks: events recorded with the job states they announce, delivered by one sender.
 
 The refresher notes each job before it applies Slurm's answer and enqueues
-``job.started`` / ``job.ended`` events, with one delivery row per endpoint
+``job.started`` / ``job.preempted`` / ``job.ended`` events, with one delivery row per endpoint
 that wants them, in the same transaction as the new state: an event exists
 exactly when its state change was stored. ``gpupool webhooks run`` (one per
 cluster) sends them; nothing in a request or in the refresher waits on a
@@ -70,7 +70,10 @@ log = logging.getLogger("gpupool.webhooks")
 
 JOB_STARTED = "job.started"
 JOB_ENDED = "job.ended"
-EVENT_TYPES = (JOB_STARTED, JOB_ENDED)
+# A spot job's run was preempted by a full-price job: it is requeued and runs again later.
+JOB_PREEMPTED = "job.preempted"
+EVENT_TYPES = (JOB_STARTED, JOB_ENDED, JOB_PREEMPTED)
+_PREEMPTED = "PREEMPTED"
 SIGNATURE_HEADER = "Gpupool-Signature"
 MAX_BACKOFF_S = 3600.0
 RESPONSE_EXCERPT_CHARS = 1024
@@ -207,25 +210,36 @@ def _job_payload(session: Session, job: Job, event_type: str) -> dict[str, Any]:
         "exit_signal": job.exit_signal,
         "elapsed_s": job.elapsed_s,
         "end_reason": job.end_reason,
+        "preemptible": job.preemptible,
+        "run_count": job.run_count,
         "gpu_seconds": None if gpu_seconds is None else int(gpu_seconds),
     }
+
+
+def _preempted(job: Job) -> bool:
+    """A spot job between runs: preempted, requeued, not yet running again (gpupool.jobstate)."""
+    return job.state == _PREEMPTED and not job.finished
 
 
 class JobEvents:
     """What the refresher changed: ``note`` each job before applying Slurm's answer, ``enqueue`` after."""
 
     def __init__(self) -> None:
-        self._before: list[tuple[Job, bool, bool]] = []
+        self._before: list[tuple[Job, bool, bool, bool]] = []
 
     def note(self, job: Job) -> None:
-        self._before.append((job, job.started_at is not None, job.finished))
+        self._before.append((job, job.started_at is not None, job.finished, _preempted(job)))
 
     def enqueue(self, session: Session, now: dt.datetime) -> int:
         """Add the events and their deliveries to ``session``'s transaction; how many events."""
         happened = [
             (job, event_type)
-            for job, was_started, was_finished in self._before
-            for event_type, now_true, before in ((JOB_STARTED, job.started_at is not None, was_started), (JOB_ENDED, job.finished, was_finished))
+            for job, was_started, was_finished, was_preempted in self._before
+            for event_type, now_true, before in (
+                (JOB_STARTED, job.started_at is not None, was_started),
+                (JOB_PREEMPTED, _preempted(job), was_preempted),
+                (JOB_ENDED, job.finished, was_finished),
+            )
             if now_true and not before
         ]
         if not happened:

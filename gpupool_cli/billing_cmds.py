@@ -14,7 +14,7 @@ from billing import passes
 from billing.budgets import balance
 from billing.enforcement import cancel_exhausted, push_budgets
 from billing.invoice import check_period, invoice_filename, write_invoice
-from billing.meter import ANY_GPU_TYPE, period_of
+from billing.meter import ANY_GPU_TYPE, NORMAL_TIER, SPOT_TIER, period_of
 from billing.money import MoneyError, format_nanos, parse_nanos
 from billing.prices import price_table, set_price
 from billing.sacct import XDMOD_FIELDS
@@ -24,6 +24,7 @@ from gpupool.errors import GpupoolError, NotFound
 from gpupool.models import Account, Adjustment
 from gpupool.slurm.client import SlurmClient
 
+PRICE_TIERS = (NORMAL_TIER, SPOT_TIER)
 _GPU_TYPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
@@ -172,16 +173,19 @@ def cmd_price_set(settings: Settings, args: argparse.Namespace) -> int:
     _engine, sessions = _sessions(settings)
     effective = args.effective_from or dt.datetime.now(dt.UTC).replace(microsecond=0)
     with sessions() as session, session.begin():
-        set_price(session, args.gpu_type, args.price, effective)
-    print(f"{args.gpu_type}: {format_nanos(args.price)} {settings.currency} per GPU-second from {effective:%Y-%m-%dT%H:%M:%SZ}")
+        set_price(session, args.gpu_type, args.price, effective, args.tier)
+    print(
+        f"{args.gpu_type} ({args.tier}): {format_nanos(args.price)} {settings.currency} per GPU-second "
+        f"from {effective:%Y-%m-%dT%H:%M:%SZ}"
+    )
     return 0
 
 
 def cmd_price_list(settings: Settings, _args: argparse.Namespace) -> int:
     _engine, sessions = _sessions(settings)
     with sessions() as session:
-        for gpu_type, start, price in price_table(session):
-            print(f"{gpu_type}\t{start}\t{price}")
+        for gpu_type, start, price, tier in price_table(session):
+            print(f"{gpu_type}\t{start}\t{price}\t{tier}")
     return 0
 
 
@@ -276,6 +280,12 @@ def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._
     price_set.add_argument("gpu_type", type=_gpu_type, help="e.g. rtx4090, or * for every type without a price")
     price_set.add_argument("price", type=_money, help="per GPU-second, e.g. 0.00012")
     price_set.add_argument("--from", dest="effective_from", type=parse_utc, help="effective from (default: now)")
+    price_set.add_argument(
+        "--tier",
+        choices=PRICE_TIERS,
+        default=NORMAL_TIER,
+        help="normal: full price; spot: preemptible jobs (Slurm QOS spot); default normal",
+    )
     price_set.set_defaults(handler=cmd_price_set)
     price.add_parser("list", help="every price and when it applies").set_defaults(handler=cmd_price_list)
 

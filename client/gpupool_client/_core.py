@@ -120,6 +120,7 @@ def submit_body(
     idle_timeout_min: int | None = None,
     array: dict[str, Any] | int | None = None,
     sweep: dict[str, list[Any]] | None = None,
+    preemptible: bool = False,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"template": template, "params": dict(params or {})}
     if isinstance(array, dict):
@@ -128,6 +129,8 @@ def submit_body(
         body["array"] = {"count": array}  # just N: N tasks, no throttle
     if sweep is not None:
         body["sweep"] = {name: list(values) for name, values in sweep.items()}
+    if preemptible:
+        body["preemptible"] = True
     optional = {
         "gpus": gpus,
         "gpu_type": gpu_type,

@@ -133,12 +133,14 @@ class AsyncClient:
         idle_timeout_min: int | None = None,
         array: dict[str, Any] | int | None = None,
         sweep: dict[str, list[Any]] | None = None,
+        preemptible: bool = False,
     ) -> AsyncJob:
         """``Client.submit``, awaited; an array job's tasks: ``await client.tasks(job.id)``."""
         body = submit_body(
             template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
             cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
             array=array, sweep=sweep,
+            preemptible=preemptible,
         )
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         response = await self._request("POST", "/submit", json=body, headers=headers)

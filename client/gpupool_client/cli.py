@@ -108,6 +108,7 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         cpus=args.cpus,
         mem_gb=args.mem_gb,
         time_limit_min=args.time_limit,
+        preemptible=args.preemptible,
     )
     if not (args.wait or args.follow):
         if args.json:
@@ -250,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--cpus", type=int)
     submit.add_argument("--mem-gb", type=int)
     submit.add_argument("--time-limit", type=int, metavar="MINUTES")
+    submit.add_argument("--preemptible", action="store_true", help="spot price; a full-price job may preempt (requeue) it")
     submit.add_argument("--wait", action="store_true", help="wait for the end; exit with the job's exit code")
     submit.add_argument("--follow", action="store_true", help="print the job's output as it runs (implies --wait)")
     submit.add_argument("--dry-run", action="store_true", help="submit nothing: print the worst-case cost and Slurm's start estimate")

@@ -203,6 +203,7 @@ class Client:
         idle_timeout_min: int | None = None,
         array: dict[str, Any] | int | None = None,
         sweep: dict[str, list[Any]] | None = None,
+        preemptible: bool = False,
     ) -> Job:
         """Submit a job. Retries never make a second job: each carries the same Idempotency-Key.
 
@@ -214,6 +215,7 @@ class Client:
             template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
             cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
             array=array, sweep=sweep,
+            preemptible=preemptible,
         )
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         response = self._request("POST", "/submit", json=body, headers=headers)

@@ -48,16 +48,18 @@ class BillingPass(Base):
 
 
 class Price(Base):
-    """Price of one GPU-second of ``gpu_type`` from ``effective_from`` until the next row."""
+    """Price of one GPU-second of ``gpu_type`` in ``tier`` from ``effective_from`` until the next row."""
 
     __tablename__ = "prices"
-    __table_args__ = (UniqueConstraint("gpu_type", "effective_from", name="uq_prices_type_from"),)
+    __table_args__ = (UniqueConstraint("tier", "gpu_type", "effective_from", name="uq_prices_tier_type_from"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     # "*" prices every type that has no price of its own.
     gpu_type: Mapped[str] = mapped_column(String(64))
     unit_price_nanos: Mapped[int] = mapped_column(BigInteger)
     effective_from: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    # The Slurm QOS whose runs pay this price: normal (full price) or spot (preemptible).
+    tier: Mapped[str] = mapped_column(String(32), default="normal", server_default="normal")
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -105,6 +107,8 @@ class LedgerEntry(Base):
     correction: Mapped[bool] = mapped_column(default=False)
     # Written from Slurm's finished record: the run takes no rows after this one.
     final: Mapped[bool] = mapped_column(default=False)
+    # The price tier of unit_price_nanos: the QOS Slurm ran the run under (billing.meter).
+    tier: Mapped[str] = mapped_column(String(32), default="normal", server_default="normal")
 
 
 class Adjustment(Base):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpupool.db import Base, UTCDateTime, utcnow
@@ -77,6 +77,10 @@ class Job(Base):
     array_max_parallel: Mapped[int | None] = mapped_column(Integer)
     # A sweep's parameter name and its values, task i's at index i: {"param": ..., "values": [...]}.
     sweep: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Asked for as spot: submitted to the spot QOS, which any full-price job may preempt (requeue).
+    preemptible: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Runs Slurm has started so far (a preempted job runs again after its requeue).
+    run_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str] = mapped_column(String(64))

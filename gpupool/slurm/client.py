@@ -21,6 +21,7 @@ from gpupool.config import Settings
 from gpupool.errors import CommandFailed, SlurmRejected, SlurmUnavailable, SubmissionUncertain
 from gpupool.metrics import observe_slurm_commands
 from gpupool.proc import CommandResult, minimal_env, run_command
+from gpupool.render import SPOT_QOS
 from gpupool.slurm.detail import RunningJob, parse_running_jobs
 from gpupool.slurm.parse import (
     ParseError,
@@ -676,6 +677,20 @@ class SlurmClient:
             )
         if not self._sacctmgr_rows(["show", "association", "where", f"account={name}", f"user={user}", "format=user"]):
             self._command("sacctmgr", ["--immediate", "add", "user", user, f"account={name}", f"defaultaccount={name}"])
+        # Spot jobs: the tenant may run under normal or spot and no other QOS, normal unless it
+        # asks; billing prices each run at its QOS's tier. A cluster whose playbook predates
+        # spot has no such QOS, and the association keeps what it had.
+        if self._sacctmgr_rows(["show", "qos", SPOT_QOS, "format=name"]):
+            qos = self._command(
+                "sacctmgr",
+                [
+                    "--immediate", "modify", "user", "where", f"name={user}", f"account={name}",
+                    "set", f"qos=normal,{SPOT_QOS}", "defaultqos=normal",
+                ],
+                check=False,
+            )
+            if qos.returncode != 0 and "Nothing modified" not in (qos.stdout + qos.stderr):
+                raise CommandFailed(qos.argv, qos.returncode, qos.stderr)
         service = self.settings.service_user
         if service not in ("root", user) and self._sacctmgr_rows(
             ["show", "association", "where", f"account={name}", f"user={service}", "format=user"]

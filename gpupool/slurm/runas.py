@@ -75,7 +75,7 @@ _JOB_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 _ACCOUNT = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 # The options gpupool.render emits, and nothing else, whatever the caller. Valued ones
 # only as --name=value: a bare --name would take the next argument as its value.
-_FLAG_OPTIONS = frozenset({"--ignore-pbs", "--no-container-mount-home", "--no-container-remap-root"})
+_FLAG_OPTIONS = frozenset({"--ignore-pbs", "--no-container-mount-home", "--no-container-remap-root", "--requeue"})
 _CONTAINER_OPTIONS = frozenset(
     {"--container-image", "--container-mounts", "--container-workdir", "--no-container-mount-home", "--no-container-remap-root"}
 )
@@ -85,7 +85,10 @@ _ALWAYS_OPTIONS = frozenset(
         "--time", "--chdir", "--output", "--error", "--comment", "--ignore-pbs",
     }
 )
-_SUBMIT_OPTIONS = _ALWAYS_OPTIONS | _CONTAINER_OPTIONS | {"--array"}
+# A spot job: both or neither, and the one QOS a tenant may pick (gpupool.render.SPOT_QOS).
+# --open-mode=append: each run's logs follow the last's, as Slurm would truncate them at a requeue.
+_SPOT_OPTIONS = frozenset({"--qos", "--requeue", "--signal", "--open-mode"})
+_SUBMIT_OPTIONS = _ALWAYS_OPTIONS | _CONTAINER_OPTIONS | _SPOT_OPTIONS | {"--array"}
 # gpupool's one array shape: every index from 0, optionally throttled (%K); no steps, lists or odd spellings.
 _ARRAY_VALUE = re.compile(r"0-(0|[1-9][0-9]{0,4})(%[1-9][0-9]{0,4})?")
 # What scancel takes for one task of an array: <array job id>_<index>.
@@ -95,6 +98,11 @@ _VALUE_FORMATS = {
     "--mem": re.compile(r"^[1-9][0-9]{0,6}G$"),
     "--gres": re.compile(r"^gpu(:[A-Za-z0-9_.-]{1,64})?:[0-9]{1,4}$"),
     "--time": re.compile(r"^[1-9][0-9]{0,6}$"),
+}
+_OPTIONAL_VALUE_FORMATS = {
+    "--qos": re.compile(r"^spot$"),
+    "--signal": re.compile(r"^B:TERM@30$"),
+    "--open-mode": re.compile(r"^append$"),
 }
 _SO_PEERCRED = struct.Struct("3i")
 # gpupool.sessions makes them with secrets.token_urlsafe: nothing else reaches the file.
@@ -216,6 +224,12 @@ def check_submit_options(settings: Settings, options: Sequence[str], account: st
     for name, pattern in _VALUE_FORMATS.items():
         if not pattern.match(seen[name]):
             raise TenantError(f"{name}={seen[name]!r} is not a value gpupool submits")
+    for name, pattern in _OPTIONAL_VALUE_FORMATS.items():
+        if name in seen and not pattern.match(seen[name]):
+            raise TenantError(f"{name}={seen[name]!r} is not a value gpupool submits")
+    spot = _SPOT_OPTIONS & set(seen)
+    if spot and spot != _SPOT_OPTIONS:
+        raise TenantError(f"a spot job carries all of {', '.join(sorted(_SPOT_OPTIONS))}")
     if array:
         array_size(settings, seen["--array"])
     _check_container_options(settings, seen)

@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import func, select, text
 
 from bench.synthetic_sacct import sacct_dump, synthetic_jobs
-from billing.sacct import SACCT_FIELDS
+from billing.money import format_nanos
+from billing.sacct import PASS_FIELDS, SACCT_FIELDS
 from gpupool.models import Adjustment, BillingPass
 from tests.billing.conftest import RTX3090_NANOS, RTX4090_NANOS, LedgerDb
 from tests.conftest import wait_for
@@ -199,7 +200,7 @@ def test_price_changes_never_rewrite_billed_history(ledger_db: LedgerDb, tmp_pat
     assert accepted.returncode == 0, accepted.stderr
     assert ledger_db.ledger() == before
     listed = ledger_db.cli("price", "list").stdout.splitlines()
-    assert "rtx4090\t2026-11-05T00:10:00Z\t0.00015" in listed
+    assert "rtx4090\t2026-11-05T00:10:00Z\t0.00015\tnormal" in listed
     # Usage after the change is billed at the new price.
     replay_ok(ledger_db, dump(tmp_path, "q.psv", row(4, "acme", "COMPLETED", "2026-11-06T00:00:00", "2026-11-06T00:00:10", 10, tres)))
     assert ledger_db.ledger()[-1][15:] == (150_000, 1_500_000)
@@ -270,3 +271,32 @@ def test_a_types_own_price_starting_mid_run_replaces_the_default_from_that_momen
     assert [line[2:3] + line[6:12] for line in invoice[1:-1]] == [["41", *span] for span in day_at_each_price] + [
         ["42", *span] for span in day_at_each_price
     ]
+
+
+def test_spot_runs_are_billed_at_the_spot_tier_the_cli_sets(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    ledger_db.add_account("acme")
+    set_spot = ledger_db.cli("price", "set", "rtx4090", "0.00004", "--tier", "spot", "--from", "2026-01-01")
+    assert set_spot.returncode == 0, set_spot.stderr
+    assert "rtx4090 (spot): 0.00004" in set_spot.stdout
+    assert "rtx4090\t2026-01-01T00:00:00Z\t0.00004\tspot" in ledger_db.cli("price", "list").stdout.splitlines()
+    refused = ledger_db.cli("price", "set", "rtx4090", "0.00004", "--tier", "cheap")
+    assert refused.returncode == 2 and "invalid choice: 'cheap'" in refused.stderr
+    tres = "cpu=1,gres/gpu:rtx4090=2,gres/gpu=2"
+
+    def run(job: int, start: str, end: str, elapsed: int, state: str, qos: str) -> str:
+        return "|".join(["gpupool", str(job), str(job), "acme", "alice", state, start, start, end, str(elapsed), tres, qos, "spotjob"])
+
+    # One job preempted and requeued (two runs, same id, spot), one full-price job.
+    path = tmp_path / "spot.psv"
+    path.write_text(as_pass_output([
+        "|".join(PASS_FIELDS),
+        run(70, "2026-11-07T10:00:00", "2026-11-07T10:00:40", 40, "PREEMPTED", "spot"),
+        run(71, "2026-11-07T10:00:40", "2026-11-07T10:01:00", 20, "COMPLETED", "normal"),
+        run(70, "2026-11-07T10:03:00", "2026-11-07T10:03:30", 30, "COMPLETED", "spot"),
+    ]))
+    replay_ok(ledger_db, path)
+    billed = [(row[3], f"{row[4]:%H:%M:%S}", row[14], row[15]) for row in ledger_db.ledger("acme") if row[3] in (70, 71)]
+    assert billed == [(70, "10:00:00", 80, 40_000), (70, "10:03:00", 60, 40_000), (71, "10:00:40", 40, RTX4090_NANOS)]
+    lines = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-").stdout)))
+    spot_lines = [(line[2], line[8], line[10]) for line in lines[1:] if line[0] == "job" and line[2] in ("70", "71")]
+    assert spot_lines == [("70", "40", "0.00004"), ("70", "30", "0.00004"), ("71", "20", format_nanos(RTX4090_NANOS))]

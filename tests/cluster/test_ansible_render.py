@@ -255,6 +255,16 @@ def test_slurm_itself_bounds_tenants_jobs_time_partition_and_per_gpu_caps(render
         assert checked.returncode == 0, checked.stderr
 
 
+def test_spot_jobs_are_preempted_by_qos_requeued_and_signalled(rendered: Rendered) -> None:
+    lines = config_lines(rendered.text("ctl1", "etc/slurm/slurm.conf"))
+    settings = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith(("NodeName=", "PartitionName=")))
+    assert (settings["PreemptType"], settings["PreemptMode"], settings["JobRequeue"]) == ("preempt/qos", "REQUEUE", "1")
+    # The example site's Slurm release decides the option's spelling; either way the job's --signal is sent.
+    assert settings.get("SlurmctldParameters") == "preempt_send_user_signal" or settings.get("PreemptParameters") == "send_user_signal"
+    lua = rendered.text("ctl1", "etc/slurm/job_submit.lua")
+    assert 'local allowed_qos = { ["normal"] = true, ["spot"] = true, }' in lua
+
+
 def test_cgroups_confine_devices_cores_and_memory_on_gpu_nodes(rendered: Rendered) -> None:
     for host in ("gpu01", "gpu02"):
         assert set(config_lines(rendered.text(host, "etc/slurm/cgroup.conf"))) == {

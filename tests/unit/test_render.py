@@ -253,9 +253,22 @@ def test_golden_sweep(hello: Template, runtime: str) -> None:
     assert rendered.array_values == SWEEP.sweep_values
 
 
+@pytest.mark.parametrize("runtime", ["none", "pyxis"])
+def test_golden_spot_job(hello: Template, runtime: str) -> None:
+    rendered = render(make_spec(hello, runtime, preemptible=True))
+    check_golden(f"hello-spot-{runtime}.sbatch", rendered.script)
+    check_golden(f"hello-spot-{runtime}.options", "".join(opt + "\n" for opt in rendered.options))
+    # The spot options sit right after --time, and nothing else differs from the full-price job.
+    full = render(make_spec(hello, runtime)).options
+    assert [opt for opt in rendered.options if opt not in full] == ["--qos=spot", "--requeue", "--signal=B:TERM@30", "--open-mode=append"]
+    assert rendered.options.index("--qos=spot") == full.index(next(o for o in full if o.startswith("--time="))) + 1
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+
+
 def test_goldens_have_no_strays() -> None:
     expected = {f"hello-{runtime}.{ext}" for runtime in RUNTIMES for ext in ("sbatch", "options")}
     expected |= {f"hello-sweep-{runtime}.{ext}" for runtime in SWEEP_RUNTIMES for ext in ("sbatch", "options")}
+    expected |= {f"hello-spot-{runtime}.{ext}" for runtime in ("none", "pyxis") for ext in ("sbatch", "options")}
     expected |= {f"{name}.sbatch" for name in SESSION_GOLDENS}
     assert {path.name for path in GOLDEN_DIR.iterdir()} == expected
 

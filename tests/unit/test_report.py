@@ -162,6 +162,23 @@ def test_ledger_rows_are_prorated_to_the_window_and_split_by_day() -> None:
     assert {day.isoformat(): s.gpu_seconds for day, s in midnight.by_day.items()} == {"2026-11-02": 60, "2026-11-03": 60}
 
 
+def test_revenue_is_summed_by_the_tier_each_row_was_priced_at() -> None:
+    full, spot = 120_000, 40_000
+    rows = [
+        ("acme", "rtx4090", 4, utc("2026-11-02T10:00:00"), utc("2026-11-02T10:00:18"), 18, 72, spot, 72 * spot, 41, utc("2026-11-02T10:00:00"), "spot"),
+        ("beta", "rtx4090", 4, utc("2026-11-02T10:00:20"), utc("2026-11-02T10:00:35"), 15, 60, full, 60 * full, 42, utc("2026-11-02T10:00:20"), "normal"),
+        ("acme", "rtx4090", 4, utc("2026-11-02T10:00:40"), utc("2026-11-02T10:00:52"), 12, 48, spot, 48 * spot, 41, utc("2026-11-02T10:00:40"), "spot"),
+        # a row written before tiers: normal's
+        ("beta", "rtx4090", 1, utc("2026-11-02T11:00:00"), utc("2026-11-02T11:00:10"), 10, 10, full, 10 * full, 7, utc("2026-11-02T11:00:00")),
+    ]
+    sums = sum_ledger_rows(rows, SINCE, END)
+    assert {tier: (s.gpu_seconds, s.nanos) for tier, s in sums.by_tier.items()} == {
+        "spot": (120, 120 * spot),
+        "normal": (70, 70 * full),
+    }
+    assert sums.total.nanos == sum(s.nanos for s in sums.by_tier.values())
+
+
 def test_display_rounds_once_to_the_cent_half_away_from_zero() -> None:
     assert cents_text("0.005") == "0.01" and cents_text("-0.005") == "-0.01" and cents_text("0.0049999") == "0.00"
     assert cents_text("0.03372") == "0.03"

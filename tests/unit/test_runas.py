@@ -60,6 +60,13 @@ def test_every_option_the_renderer_emits_passes(runtime: str) -> None:
     assert check(rendered_options(runtime)) == rendered_options(runtime)
 
 
+@pytest.mark.parametrize("runtime", ["none", "pyxis"])
+def test_a_spot_job_passes_with_the_spot_qos_and_requeue(runtime: str) -> None:
+    options = list(rendered(runtime, preemptible=True).options)
+    assert {"--qos=spot", "--requeue", "--signal=B:TERM@30", "--open-mode=append"} <= set(options)
+    assert check(options) == options
+
+
 def replaced(name: str, value: str | None) -> Callable[[list[str]], list[str]]:
     """The options with ``name``'s value changed (None: ``name`` left out)."""
     def change(options: list[str]) -> list[str]:
@@ -76,7 +83,15 @@ def replaced(name: str, value: str | None) -> Callable[[list[str]], list[str]]:
         (lambda opts: [*opts, "--wrap=id"], "not one gpupool submits"),
         # Only the helper's own test operation adds it: a caller cannot make a submit a test, or the reverse.
         (lambda opts: [*opts, "--test-only"], "not one gpupool submits"),
-        (lambda opts: [*opts, "--qos=high"], "not one gpupool submits"),
+        (lambda opts: [*opts, "--qos=high", "--requeue", "--signal=B:TERM@30", "--open-mode=append"], "--qos='high' is not a value"),
+        (lambda opts: [*opts, "--qos=normal", "--requeue", "--signal=B:TERM@30", "--open-mode=append"], "--qos='normal' is not a value"),
+        (lambda opts: [*opts, "--qos=spot,normal", "--requeue", "--signal=B:TERM@30", "--open-mode=append"], "is not a value"),
+        (lambda opts: [*opts, "--qos=spot", "--requeue", "--signal=KILL@1", "--open-mode=append"], "--signal='KILL@1' is not a value"),
+        (lambda opts: [*opts, "--qos=spot", "--requeue", "--signal=B:TERM@30", "--open-mode=truncate"], "is not a value"),
+        (lambda opts: [*opts, "--qos=spot"], "a spot job carries all of --open-mode, --qos, --requeue, --signal"),
+        (lambda opts: [*opts, "--requeue"], "a spot job carries all of --open-mode, --qos, --requeue, --signal"),
+        (lambda opts: [*opts, "--signal=B:TERM@30"], "a spot job carries all of --open-mode, --qos, --requeue, --signal"),
+        (lambda opts: [*opts, "--requeue=1", "--qos=spot", "--signal=B:TERM@30", "--open-mode=append"], "as --requeue"),
         (lambda opts: [*opts, "--container-name=other"], "not one gpupool submits"),
         (lambda opts: [*opts, "--acc=root"], "not one gpupool submits"),  # getopt would take the prefix
         (lambda opts: [*opts, "-A", "root"], "not one gpupool submits"),
