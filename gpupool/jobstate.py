@@ -151,9 +151,9 @@ def _run_values(job: TrackedJob, values: dict[str, Any]) -> dict[str, Any]:
     """
     changed: dict[str, Any] = {}
     started_at = values.get("started_at", job.started_at)
-    run_count = job.run_count
+    run_count = job.run_count or 0  # an object not yet flushed has no column default yet
     if started_at is not None and started_at != job.started_at:
-        run_count = changed["run_count"] = job.run_count + 1
+        run_count = changed["run_count"] = run_count + 1
     if job.preemptible and run_count > 0 and values.get("state", job.state) in ("PENDING", PREEMPTED):
         changed["state"] = PREEMPTED
     return changed
