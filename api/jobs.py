@@ -10,7 +10,6 @@ import re
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, url_for
-from pydantic import ValidationError
 from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
@@ -25,6 +24,7 @@ from api.schemas import (
     SubmitRequest,
     TaskCounts,
     TaskOut,
+    request_body,
 )
 from api.submission import Quote, quote, submit
 from billing.money import format_nanos
@@ -35,15 +35,12 @@ from gpupool.errors import (
     CommandFailed,
     Conflict,
     NotFound,
-    UnknownFields,
     UnsupportedMediaType,
-    ValidationFailed,
 )
 from gpupool.jobstate import NOT_REPORTED, SUBMISSION_LOST
 from gpupool.models import Account, Job, JobTask
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import log_path
-from gpupool.templates import validation_error_list
 from gpupool.webhooks import job_callback_secret
 
 log = logging.getLogger("gpupool.jobs")
@@ -154,13 +151,7 @@ def _idempotency_key() -> str | None:
 
 def submit_request(body: dict[str, Any]) -> SubmitRequest:
     """``body`` as a typed submit request, or ValidationFailed naming each field: the API's and the form's rule."""
-    try:
-        return SubmitRequest.model_validate(body)
-    except ValidationError as exc:
-        errors = validation_error_list(exc)
-        raise ValidationFailed(
-            "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
-        ) from exc
+    return request_body(SubmitRequest, body, refuse_unknown=False)
 
 
 def _dry_run_arg() -> bool:
@@ -190,10 +181,7 @@ def quote_view(found: Quote) -> dict[str, Any]:
 
 def _submit_body() -> tuple[dict[str, Any], SubmitRequest]:
     body = _json_body()
-    unknown = set(body) - set(SubmitRequest.model_fields)
-    if unknown:
-        raise UnknownFields(unknown, SubmitRequest.model_fields)
-    return body, submit_request(body)
+    return body, request_body(SubmitRequest, body)
 
 
 @submit_bp.post("/quote")

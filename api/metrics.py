@@ -38,13 +38,12 @@ from collections.abc import Sequence
 from flask import Blueprint, Flask, Response, abort, current_app, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
-from gpupool.config import Settings
+from gpupool.config import Network, Settings, allowed_networks
 from gpupool.errors import ConfigError
 from gpupool.metrics import MULTIPROC_ENV, exposition_registry
 
 metrics_bp = Blueprint("metrics", __name__)
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _EXTENSION = "gpupool_metrics_networks"
 _KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -63,16 +62,6 @@ JOBS_SUBMITTED = Counter(
     "Jobs Slurm accepted through POST /submit, by template; idempotent replays are not counted.",
     ["template"],
 )
-
-
-def allowed_networks(cidrs: Sequence[str]) -> tuple[Network, ...]:
-    networks = []
-    for cidr in cidrs:
-        try:
-            networks.append(ipaddress.ip_network(cidr.strip(), strict=False))
-        except ValueError as exc:
-            raise ConfigError(f"metrics_allow_cidrs: {cidr!r} is not an address or network ({exc})") from exc
-    return tuple(networks)
 
 
 def _caller_allowed(remote_addr: str | None, networks: Sequence[Network]) -> bool:
@@ -103,7 +92,7 @@ def _record(response: Response) -> Response:
 
 def register_metrics(app: Flask, settings: Settings) -> None:
     """Time every request; call before any other ``before_request`` hook so refusals are timed too."""
-    app.extensions[_EXTENSION] = allowed_networks(settings.metrics_allow_cidrs)
+    app.extensions[_EXTENSION] = allowed_networks(settings.metrics_allow_cidrs, "metrics_allow_cidrs")
     folder = os.environ.get(MULTIPROC_ENV)
     if folder and not os.path.isdir(folder):
         raise ConfigError(f"{MULTIPROC_ENV} names {folder}, which is not a folder; create it (empty) first")

@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from gpupool.errors import UnknownFields, ValidationFailed
 from gpupool.models import TERMINAL_STATES
 from gpupool.models.jobs import UNKNOWN
+from gpupool.templates import validation_error_list
+
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+
+def request_body(model: type[RequestModel], body: Mapping[str, Any], *, refuse_unknown: bool = True) -> RequestModel:
+    """A JSON body as ``model``: 400 naming fields the model does not define, else 422 naming each bad field."""
+    unknown = set(body) - set(model.model_fields)
+    if refuse_unknown and unknown:
+        raise UnknownFields(unknown, model.model_fields)
+    try:
+        return model.model_validate(dict(body))
+    except ValidationError as exc:
+        errors = validation_error_list(exc)
+        raise ValidationFailed(
+            "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
+        ) from exc
 
 # Visible ASCII and spaces: what survives every HTTP stack unchanged.
 IDEMPOTENCY_KEY_PATTERN = r"^[ -~]{1,255}$"

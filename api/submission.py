@@ -20,7 +20,7 @@ from api.context import AppState
 from api.schemas import SubmitRequest
 from billing.budgets import WorstCase, check_submit, worst_case
 from billing.prices import load_prices
-from gpupool.config import Settings
+from gpupool.config import Settings, allowed_networks
 from gpupool.containers import docker_runtime_refusal
 from gpupool.db import utcnow
 from gpupool.errors import (
@@ -41,7 +41,7 @@ from gpupool.sessions import new_session
 from gpupool.slurm.client import GpuInventory
 from gpupool.templates import Template
 from gpupool.tokens import Principal
-from gpupool.webhooks import add_job_callback, allowed_networks, check_destination
+from gpupool.webhooks import add_job_callback, check_destination
 
 log = logging.getLogger("gpupool.submit")
 
@@ -430,7 +430,7 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
     finally:
         session.rollback()  # ends the budget lock before Slurm is asked; nothing was written
     if req.callback_url is not None:
-        check_destination(req.callback_url, allowed_networks(app.settings.webhook_allow_cidrs))
+        check_destination(req.callback_url, allowed_networks(app.settings.webhook_allow_cidrs, "webhook_allow_cidrs"))
     job = _new_job(app, caller, req, admitted, None, "")
     rendered = render(_spec(app, job))
     estimated = app.slurm.test_submit(job.account, job.id, rendered.script, rendered.options)

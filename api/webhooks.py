@@ -6,16 +6,15 @@ import uuid
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, url_for
-from pydantic import ValidationError
 from sqlalchemy import select
 
 from api.context import app_state, db_session, principal
-from api.schemas import DeliveryAttemptOut, DeliveryOut, WebhookCreate, WebhookCreated, WebhookOut
+from api.schemas import DeliveryAttemptOut, DeliveryOut, WebhookCreate, WebhookCreated, WebhookOut, request_body
+from gpupool.config import allowed_networks
 from gpupool.db import utcnow
-from gpupool.errors import BadRequest, Conflict, NotFound, UnknownFields, UnsupportedMediaType, ValidationFailed
+from gpupool.errors import BadRequest, Conflict, NotFound, UnsupportedMediaType
 from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
-from gpupool.templates import validation_error_list
-from gpupool.webhooks import allowed_networks, check_destination, new_secret
+from gpupool.webhooks import check_destination, new_secret
 
 webhooks_bp = Blueprint("webhooks", __name__)
 
@@ -38,16 +37,7 @@ def _create_request() -> WebhookCreate:
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    unknown = set(body) - set(WebhookCreate.model_fields)
-    if unknown:
-        raise UnknownFields(unknown, WebhookCreate.model_fields)
-    try:
-        return WebhookCreate.model_validate(body)
-    except ValidationError as exc:
-        errors = validation_error_list(exc)
-        raise ValidationFailed(
-            "invalid request: " + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors
-        ) from exc
+    return request_body(WebhookCreate, body)
 
 
 def _own_endpoint(endpoint_id: str) -> WebhookEndpoint:
@@ -61,7 +51,7 @@ def _own_endpoint(endpoint_id: str) -> WebhookEndpoint:
 def create_webhook() -> tuple[Response, int, dict[str, str]]:
     wanted = _create_request()
     # Resolved and refused here, before anything is stored and without sending a byte.
-    check_destination(wanted.url, allowed_networks(app_state().settings.webhook_allow_cidrs))
+    check_destination(wanted.url, allowed_networks(app_state().settings.webhook_allow_cidrs, "webhook_allow_cidrs"))
     session = db_session()
     account = principal().account
     active = session.scalars(

@@ -12,17 +12,31 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import grp
+import ipaddress
 import os
 import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpupool.errors import ConfigError
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def allowed_networks(cidrs: Iterable[str], setting: str) -> tuple[Network, ...]:
+    """A setting's list of addresses and networks (``metrics_allow_cidrs``, ``webhook_allow_cidrs``), parsed."""
+    networks = []
+    for cidr in cidrs:
+        try:
+            networks.append(ipaddress.ip_network(cidr.strip(), strict=False))
+        except ValueError as exc:
+            raise ConfigError(f"{setting}: {cidr!r} is not an address or network ({exc})") from exc
+    return tuple(networks)
 
 ENV_PREFIX = "GPUPOOL_"
 CONTAINER_RUNTIMES = ("none", "pyxis", "docker")

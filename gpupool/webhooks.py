@@ -51,9 +51,9 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpupool.config import Settings
+from gpupool.config import Network, Settings, allowed_networks
 from gpupool.db import utcnow
-from gpupool.errors import ConfigError, WebhookUrlRefused
+from gpupool.errors import WebhookUrlRefused
 from gpupool.models import Job, LedgerEntry
 from gpupool.models.webhooks import (
     CANCELLED,
@@ -77,7 +77,6 @@ _PREEMPTED = "PREEMPTED"
 SIGNATURE_HEADER = "Gpupool-Signature"
 MAX_BACKOFF_S = 3600.0
 RESPONSE_EXCERPT_CHARS = 1024
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -88,16 +87,6 @@ def new_secret() -> str:
 def signature_header(body: bytes, secret: str, timestamp: int) -> str:
     digest = hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
     return f"t={timestamp},v1={digest}"
-
-
-def allowed_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
-    networks = []
-    for cidr in cidrs:
-        try:
-            networks.append(ipaddress.ip_network(cidr, strict=False))
-        except ValueError as exc:
-            raise ConfigError(f"webhook_allow_cidrs: {cidr!r} is not an address or network ({exc})") from exc
-    return tuple(networks)
 
 
 # IPv6 forms that carry an IPv4 address and reach it: IPv4-mapped (a dual-stack socket
@@ -429,7 +418,7 @@ class WebhookSender:
     def __init__(self, session_factory: sessionmaker, settings: Settings, *, transport: httpx.BaseTransport | None = None) -> None:
         self._sessions = session_factory
         self._settings = settings
-        self._allow = allowed_networks(settings.webhook_allow_cidrs)
+        self._allow = allowed_networks(settings.webhook_allow_cidrs, "webhook_allow_cidrs")
         self._http = httpx.Client(
             timeout=httpx.Timeout(settings.webhook_timeout_s),
             follow_redirects=False,  # a redirect could point anywhere: it counts as a failed attempt
@@ -622,7 +611,7 @@ class WebhookSender:
 
 def add_job_callback(settings: Settings, session: Session, job: Job, url: str) -> WebhookEndpoint:
     """A submit's ``callback_url``: an endpoint for this job alone, added to the job row's transaction."""
-    check_destination(url, allowed_networks(settings.webhook_allow_cidrs))
+    check_destination(url, allowed_networks(settings.webhook_allow_cidrs, "webhook_allow_cidrs"))
     endpoint = WebhookEndpoint(
         id=str(uuid.uuid4()), account=job.account, job_id=job.id, url=url, events=",".join(EVENT_TYPES),
         secret=new_secret(), created_at=utcnow(),

@@ -7,7 +7,6 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
 from billing import passes
@@ -64,15 +63,9 @@ def _gpu_type(value: str) -> str:
     return value
 
 
-def _sessions(settings: Settings, url: str | None = None) -> tuple[Engine, sessionmaker]:
-    engine = db.make_engine(url or settings.database_url)
-    db.ensure_migrated(engine)
-    return engine, db.make_session_factory(engine)
-
-
 def _billing_sessions(settings: Settings) -> sessionmaker:
     """The pass's connection: billing_database_url, whose role may add ledger rows but change none."""
-    return _sessions(settings, settings.billing_url())[1]
+    return db.migrated_sessions(settings.billing_url())
 
 
 def _describe(report: passes.PassReport) -> str:
@@ -170,7 +163,7 @@ def cmd_billing_replay(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_price_set(settings: Settings, args: argparse.Namespace) -> int:
-    _engine, sessions = _sessions(settings)
+    sessions = db.migrated_sessions(settings.database_url)
     effective = args.effective_from or dt.datetime.now(dt.UTC).replace(microsecond=0)
     with sessions() as session, session.begin():
         set_price(session, args.gpu_type, args.price, effective, args.tier)
@@ -182,7 +175,7 @@ def cmd_price_set(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_price_list(settings: Settings, _args: argparse.Namespace) -> int:
-    _engine, sessions = _sessions(settings)
+    sessions = db.migrated_sessions(settings.database_url)
     with sessions() as session:
         for gpu_type, start, price, tier in price_table(session):
             print(f"{gpu_type}\t{start}\t{price}\t{tier}")
@@ -190,7 +183,7 @@ def cmd_price_list(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_adjust(settings: Settings, args: argparse.Namespace) -> int:
-    _engine, sessions = _sessions(settings)
+    sessions = db.migrated_sessions(settings.database_url)
     period = args.period or period_of(dt.datetime.now(dt.UTC))
     with sessions() as session, session.begin():
         if session.get(Account, args.account) is None:
@@ -212,7 +205,8 @@ def cmd_adjust(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_invoice(settings: Settings, args: argparse.Namespace) -> int:
-    engine, sessions = _sessions(settings)
+    engine = db.migrated_engine(settings.database_url)
+    sessions = db.make_session_factory(engine)
     with sessions() as session:
         if session.get(Account, args.account) is None:
             raise NotFound(f"no account {args.account!r}")
@@ -231,7 +225,7 @@ def cmd_invoice(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
-    _engine, sessions = _sessions(settings)
+    sessions = db.migrated_sessions(settings.database_url)
     now = dt.datetime.now(dt.UTC)
     with sessions() as session, session.begin():
         account = session.get(Account, args.name)

@@ -65,9 +65,7 @@ def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise ConfigError("account create must run as root: it creates the account's Unix user and Slurm association")
-    engine = db.make_engine(settings.database_url)
-    db.ensure_migrated(engine)
-    session_factory = db.make_session_factory(engine)
+    session_factory = db.migrated_sessions(settings.database_url)
     with session_factory() as session:
         existing = session.get(Account, args.name)
         recorded_uid = existing.unix_uid if existing is not None else None
@@ -101,9 +99,7 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_account_list(settings: Settings, args: argparse.Namespace) -> int:
-    engine = db.make_engine(settings.database_url)
-    db.ensure_migrated(engine)
-    with db.make_session_factory(engine)() as session:
+    with db.migrated_sessions(settings.database_url)() as session:
         accounts = list(session.scalars(select(Account).order_by(Account.name)))
         if args.json:
             # What the playbook's tenants step reads to create the same users on every node.

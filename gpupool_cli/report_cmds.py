@@ -8,7 +8,6 @@ import json
 import sys
 
 from sqlalchemy import select
-from sqlalchemy.orm import sessionmaker
 
 from billing.money import MoneyError, format_nanos, parse_nanos
 from billing.report import build_report, parse_window, report_csv, report_table
@@ -17,12 +16,6 @@ from gpupool.config import Settings
 from gpupool.models import NodeCost
 from gpupool.slurm.client import SlurmClient
 from gpupool_cli.billing_cmds import parse_utc, period_argument
-
-
-def _sessions(settings: Settings) -> sessionmaker:
-    engine = db.make_engine(settings.database_url)
-    db.ensure_migrated(engine)
-    return db.make_session_factory(engine)
 
 
 def _price(value: str) -> int:
@@ -41,7 +34,7 @@ def cmd_report(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     since, until = parse_window(args.period, args.since, args.until, now=now)
-    sessions = _sessions(settings)
+    sessions = db.migrated_sessions(settings.database_url)
     with sessions() as session:
         report = build_report(session, SlurmClient(settings), settings, since, until, now)
     if args.format == "json":
@@ -66,7 +59,7 @@ def _node_name(value: str) -> str:
 
 
 def cmd_node_cost_set(settings: Settings, args: argparse.Namespace) -> int:
-    sessions = _sessions(settings)
+    sessions = db.migrated_sessions(settings.database_url)
     with sessions() as session, session.begin():
         cost = session.get(NodeCost, args.node) or NodeCost(node=args.node)
         cost.purchase_price_nanos = args.price
@@ -82,7 +75,7 @@ def cmd_node_cost_set(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_node_cost_list(settings: Settings, _args: argparse.Namespace) -> int:
-    sessions = _sessions(settings)
+    sessions = db.migrated_sessions(settings.database_url)
     with sessions() as session:
         for cost in session.scalars(select(NodeCost).order_by(NodeCost.node)):
             print(f"{cost.node}\t{format_nanos(cost.purchase_price_nanos)}\t{cost.in_service_since:%Y-%m-%dT%H:%M:%SZ}\t{cost.watts}")

@@ -31,8 +31,7 @@ def _sweep_once(settings: Settings, refresher: JobStateRefresher, sessions: Any,
 
 def cmd_sessions_sweep(settings: Settings, args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = db.make_engine(settings.database_url)
-    db.ensure_migrated(engine)
+    engine = db.migrated_engine(settings.database_url)
     sessions = db.make_session_factory(engine)
     slurm = SlurmClient(settings)
     refresher = JobStateRefresher(

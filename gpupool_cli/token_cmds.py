@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from gpupool import db
 from gpupool.config import Settings
@@ -18,12 +18,6 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import issue_token, revoke_token, signing_key
 
 _TIME = "%Y-%m-%dT%H:%M:%SZ"
-
-
-def _sessions(settings: Settings) -> sessionmaker:
-    engine = db.make_engine(settings.database_url)
-    db.ensure_migrated(engine)
-    return db.make_session_factory(engine)
 
 
 def _existing_account(session: Session, name: str) -> Account:
@@ -36,7 +30,7 @@ def _existing_account(session: Session, name: str) -> Account:
 def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
     # A missing key is reported before the database is touched: it is the likelier mistake.
     signing_key(settings)
-    with _sessions(settings)() as session, session.begin():
+    with db.migrated_sessions(settings.database_url)() as session, session.begin():
         token = issue_token(
             session,
             settings,
@@ -57,7 +51,7 @@ def _token_state(token: IssuedToken, now: dt.datetime) -> str:
 
 def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
     now = dt.datetime.now(dt.UTC)
-    with _sessions(settings)() as session:
+    with db.migrated_sessions(settings.database_url)() as session:
         account = _existing_account(session, args.account)
         tokens = session.scalars(
             select(IssuedToken).where(IssuedToken.account == args.account).order_by(IssuedToken.issued_at, IssuedToken.jti)
@@ -74,7 +68,7 @@ def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
-    with _sessions(settings)() as session, session.begin():
+    with db.migrated_sessions(settings.database_url)() as session, session.begin():
         token, newly = revoke_token(session, args.jti, by=args.by, reason=args.reason, now=dt.datetime.now(dt.UTC))
         revoked_at = token.revoked_at
     assert revoked_at is not None
@@ -86,7 +80,7 @@ def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_account_disable(settings: Settings, args: argparse.Namespace) -> int:
-    with _sessions(settings)() as session, session.begin():
+    with db.migrated_sessions(settings.database_url)() as session, session.begin():
         account = _existing_account(session, args.name)
         if account.disabled_at is None:
             account.disabled_at = dt.datetime.now(dt.UTC)
@@ -104,7 +98,7 @@ def cmd_account_disable(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_account_enable(settings: Settings, args: argparse.Namespace) -> int:
-    with _sessions(settings)() as session, session.begin():
+    with db.migrated_sessions(settings.database_url)() as session, session.begin():
         account = _existing_account(session, args.name)
         was_disabled = account.disabled_at is not None
         account.disabled_at = None

@@ -15,8 +15,7 @@ from gpupool.webhooks import WebhookSender
 
 def cmd_webhooks_run(settings: Settings, args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = db.make_engine(settings.database_url)
-    db.ensure_migrated(engine)
+    engine = db.migrated_engine(settings.database_url)
     sender = WebhookSender(db.make_session_factory(engine), settings)
     try:
         if args.once:

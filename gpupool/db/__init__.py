@@ -167,3 +167,15 @@ def ensure_migrated(engine: Engine) -> None:
             f"the database is at schema revision {current or 'none (empty)'}, but this "
             f"gpupool needs {head}; run `gpupool db upgrade` first"
         )
+
+
+def migrated_engine(url: str) -> Engine:
+    """An engine on ``url``'s database, once its schema is at this code's revision (the commands' way in)."""
+    engine = make_engine(url)
+    ensure_migrated(engine)
+    return engine
+
+
+def migrated_sessions(url: str) -> sessionmaker:
+    """Sessions on ``url``'s database, once its schema is at this code's revision."""
+    return make_session_factory(migrated_engine(url))

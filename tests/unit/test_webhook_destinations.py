@@ -7,8 +7,9 @@ import json
 import pytest
 from gpupool_client import InvalidSignature, verify_signature
 
+from gpupool.config import allowed_networks
 from gpupool.errors import WebhookUrlRefused
-from gpupool.webhooks import allowed_networks, check_destination, signature_header
+from gpupool.webhooks import check_destination, signature_header
 
 
 @pytest.mark.parametrize(
@@ -47,12 +48,12 @@ def test_ipv6_forms_embedding_an_ipv4_address_are_refused_whatever_it_is(address
     assert refused.value.details["errors"] == [{"field": "url", "message": "address not allowed"}]
     # Allowlisting the IPv4 network the address embeds does not open its IPv6 forms either.
     with pytest.raises(WebhookUrlRefused):
-        check_destination(f"http://[{address}]/hook", allowed_networks(["0.0.0.0/0"]))
+        check_destination(f"http://[{address}]/hook", allowed_networks(["0.0.0.0/0"], "webhook_allow_cidrs"))
 
 
 def test_an_explicitly_allowlisted_nat64_network_is_reached() -> None:
     # An operator whose intranet receiver only has a NAT64 address may name that network.
-    destination = check_destination("http://[64:ff9b::a00:1]:8080/hook", allowed_networks(["64:ff9b::a00:0/120"]))
+    destination = check_destination("http://[64:ff9b::a00:1]:8080/hook", allowed_networks(["64:ff9b::a00:0/120"], "webhook_allow_cidrs"))
     assert destination.pinned_url() == "http://[64:ff9b::a00:1]:8080/hook"
 
 
@@ -64,7 +65,7 @@ def test_public_and_allowlisted_addresses_pass_and_are_pinned() -> None:
     public = check_destination("https://93.184.216.34/events?x=1", ())
     assert public.pinned_url() == "https://93.184.216.34:443/events?x=1"
     assert public.host_header() == "93.184.216.34"
-    allow = allowed_networks(["127.0.0.0/8", "::1/128"])
+    allow = allowed_networks(["127.0.0.0/8", "::1/128"], "webhook_allow_cidrs")
     local = check_destination("http://localhost:8123/hook", allow)
     assert {str(address) for address in local.addresses} <= {"127.0.0.1", "::1"}
     assert local.host_header() == "localhost:8123"
