@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from flask import Blueprint, Response, jsonify, request
 
 from api.context import app_state, calendar_now, db_session, principal
-from billing.invoice import check_period, invoice_csv_chunks, invoice_filename
-from billing.meter import period_of
+from billing.calendar import check_period, period_of
+from billing.invoice import invoice_csv_chunks, invoice_filename
 from billing.usage import usage
 from gpupool.errors import NotFound
 from gpupool.models import Account

@@ -28,7 +28,8 @@ from api.schemas import (
     WebhookList,
 )
 from api.webhooks import MAX_CURSOR_DIGITS, MAX_DELIVERY_PAGE
-from billing.invoice import PERIOD
+from billing.calendar import PERIOD
+from billing.report.schema import ReportOut
 from gpupool.config import Settings
 from gpupool.templates import Template
 
@@ -146,64 +147,10 @@ def _webhook_events() -> dict[str, Any]:
     }
 
 
-def _report_schema() -> dict[str, Any]:
-    """GET /admin/report's body (billing.report.Report.as_json): amounts are exact decimal text."""
-    amount = {"type": "string", "description": "Exact, in the currency (nano-unit precision); round to the cent to display"}
-    sums = {"gpu_seconds": {"type": "integer"}, "amount": amount}
-
-    def lines(key: str, **extra: Any) -> dict[str, Any]:
-        return {"type": "array", "items": {"type": "object", "properties": {key: {"type": "string"}, **sums, **extra}}}
-
-    utilization = {
-        "type": "object",
-        "properties": {
-            "gpus": {"type": "integer"},
-            "allocated_gpu_seconds": {"type": "integer", "description": "sacct: AllocTRES GPUs x seconds of [Start, End) in the window"},
-            "available_gpu_seconds": {"type": "integer", "description": "GPUs x seconds, less time down or drained (sacctmgr events)"},
-            "down_gpu_seconds": {"type": "integer"},
-            "utilization": {"type": ["string", "null"], "description": "allocated / available, 4 decimals; null with nothing available"},
-        },
-    }
-    wait = {"type": "object", "properties": {name: {"type": ["integer", "null"]} for name in ("jobs", "p50_s", "p95_s", "max_s")}}
-    return {
-        "type": "object",
-        "properties": {
-            **{name: {"type": "string", "format": "date-time"} for name in ("since", "until", "measured_until", "generated_at")},
-            "currency": {"type": "string"},
-            "revenue": {"type": "object", "properties": {"gpu_seconds": {"type": "integer"}, "amount": amount, "adjustments": amount, "net": amount}},
-            "revenue_by_account": lines("account"),
-            "revenue_by_gpu_type": lines("gpu_type"),
-            "revenue_by_tier": lines("tier"),
-            "revenue_by_day": lines("date", gpu_seconds_by_gpu_type={"type": "object", "additionalProperties": {"type": "integer"}}),
-            "adjustments": {
-                "type": "object",
-                "description": "Credits (negative) and charges, apart from revenue",
-                "properties": {"credits": amount, "charges": amount, "total": amount, "lines": {"type": "array", "items": {"type": "object"}}},
-            },
-            "gpu_seconds_sold": {"type": "integer"},
-            "gpu_hours_sold": {"type": "string"},
-            "utilization": utilization,
-            "utilization_by_node": {"type": "array", "items": utilization},
-            "utilization_by_gpu_type": {"type": "array", "items": utilization},
-            "queue_wait": {
-                "type": "object",
-                "description": "Start - Submit (sacct) of the GPU runs that started in the window; nearest-rank percentiles",
-                "properties": {"all": wait, "by_gpu_type": {"type": "array", "items": wait}, "by_account": {"type": "array", "items": wait}},
-            },
-            "waiting_now": {"type": "array", "items": {"type": "object", "description": "squeue's pending jobs: account, gpus, gpu_type, reason, waiting_s"}},
-            "payback": {
-                "type": "object",
-                "description": "Per node (gpupool node cost set) and total: cost_to_date, revenue_to_date, margin, monthly_margin, months_to_payback",
-            },
-            "notes": {"type": "array", "items": {"type": "string"}},
-        },
-    }
-
-
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     schemas = _schemas(
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
-        WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut, TaskList, TaskOut,
+        WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut, TaskList, TaskOut, ReportOut,
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
@@ -386,7 +333,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                         {"name": "until", "in": "query", "schema": {"type": "string", "format": "date-time"}, "description": "Range end (default: now); at most 400 days after since"},
                     ],
                     "responses": {
-                        "200": {"description": "The report", "content": {"application/json": {"schema": _report_schema()}}},
+                        "200": {"description": "The report", "content": _json("ReportOut")},
                         **_errors(400, 404, *auth_errors),
                     },
                 }

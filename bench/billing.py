@@ -31,11 +31,10 @@ from bench._harness import REPO, table  # noqa: E402
 from bench.synthetic_sacct import PASS_DELIMITER, sacct_dump, seed_dump, synthetic_jobs  # noqa: E402
 from billing import passes  # noqa: E402
 from billing.ledger_writer import COPY_LEDGER_SQL, ledger_csv_lines  # noqa: E402
-from billing.meter import meter  # noqa: E402
 from billing.prices import load_prices, set_price  # noqa: E402
-from billing.sacct import parse_runs  # noqa: E402
 from gpupool import db  # noqa: E402
 from gpupool.config import load_settings  # noqa: E402
+from tests.support.metering import meter, parse_runs  # noqa: E402
 from tests.support.services import create_database, drop_database  # noqa: E402
 
 SEED_SCRIPT = REPO.parent / "shared" / "baselines" / "seed-billing.sh"

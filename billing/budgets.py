@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, Select, func, select, text
 from sqlalchemy.orm import Session
 
-from billing.meter import NORMAL_TIER, SPOT_TIER, PriceBook, period_of
+from billing.calendar import period_of
+from billing.meter import NORMAL_TIER, SPOT_TIER, PriceBook
 from billing.money import format_nanos
 from billing.prices import load_prices
 from gpupool.errors import NotFound, PaymentRequired, PriceMissing

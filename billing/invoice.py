@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
-import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,6 @@ from sqlalchemy import BigInteger, cast, func, select
 from sqlalchemy.engine import Connection
 
 from billing.money import format_cents, format_nanos, round_to_cents
-from gpupool.errors import BadRequest
 from gpupool.models import Adjustment, LedgerEntry
 
 INVOICE_COLUMNS = (
@@ -41,16 +39,9 @@ INVOICE_COLUMNS = (
     "amount",
     "currency",
 )
-PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP, CSV injection).
 FORMULA_STARTS = frozenset("=+-@\t\r")
 _BATCH = 10_000
-
-
-def check_period(text: str) -> str:
-    if not PERIOD.match(text or ""):
-        raise BadRequest(f"period {text!r} is not a month in the form YYYY-MM", code="bad_period")
-    return text
 
 
 def spreadsheet_text(cell: str) -> str:

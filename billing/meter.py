@@ -12,7 +12,7 @@ belongs to one invoice period and carries one unit price.
 sacct computes a running job's ``ElapsedRaw`` as "now - start" until
 slurmdbd hears that the job ended, which can be late (slurmdbd was down,
 or its queue was behind). A pass can therefore bill a few seconds past the
-real end. When the finished record arrives, ``meter`` appends correction
+real end. When the finished record arrives, ``meter_rows`` appends correction
 rows (negative seconds) for the excess, so for every finished run the rows'
 GPU-seconds add up to GPUs x ``ElapsedRaw`` exactly. The rows written from
 the finished record are marked ``final``; after that the run takes no more
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
-import functools
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 
+from billing.calendar import month_of, month_start, period_of
 from billing.sacct import JobRun
 from gpupool.errors import PriceMissing
 
@@ -47,21 +47,6 @@ class Billed:
     seconds: int = 0
     final: bool = False
 _ONE_SECOND = dt.timedelta(seconds=1)
-
-
-def period_of(moment: dt.datetime) -> str:
-    return f"{moment.year:04d}-{moment.month:02d}"
-
-
-@functools.cache
-def _month(year: int, month: int) -> tuple[str, dt.datetime]:
-    """The period name of a month and when the next one starts."""
-    following = dt.datetime(year + 1, 1, 1, tzinfo=dt.UTC) if month == 12 else dt.datetime(year, month + 1, 1, tzinfo=dt.UTC)
-    return f"{year:04d}-{month:02d}", following
-
-
-def next_month_start(moment: dt.datetime) -> dt.datetime:
-    return _month(moment.year, moment.month)[1]
 
 
 class _Schedule:
@@ -208,10 +193,6 @@ class LedgerRow:
     tier: str = NORMAL_TIER  # the price tier of ``unit_price_nanos``: the run's QOS, or normal (PriceBook)
 
 
-def month_start(moment: dt.datetime) -> dt.datetime:
-    return dt.datetime(moment.year, moment.month, 1, tzinfo=dt.UTC)
-
-
 def _corrections(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBook) -> list[LedgerRow]:
     """Negative rows taking back ``[start + ElapsedRaw, start + billed_s)``, cut as the rows it reverses were."""
     rows: list[LedgerRow] = []
@@ -260,7 +241,7 @@ def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBo
     end = start + run.elapsed_s * _ONE_SECOND
     while moment < end:
         unit_price, price_change = prices.price_at(gpu_type, moment, run.qos)
-        period, month_end = _month(moment.year, moment.month)
+        period, month_end = month_of(moment.year, moment.month)
         cut = end if end <= month_end else month_end
         if price_change is not None and price_change < cut:
             cut = price_change
@@ -309,13 +290,9 @@ def _final_marker(run: JobRun, gpu_type: str, gpus: int, prices: PriceBook) -> L
     )
 
 
-def meter(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], prices: PriceBook) -> list[LedgerRow]:
-    """Rows for every second of ``runs`` not yet in ``billed`` (which is updated as rows are made)."""
-    return list(meter_rows(runs, billed, prices))
-
-
 def meter_rows(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], prices: PriceBook) -> Iterator[LedgerRow]:
-    """``meter``, one run at a time, for a consumer that writes while rows are still being made."""
+    """Rows for every second of ``runs`` not yet in ``billed`` (which is updated as rows are made), one run
+    at a time, for a consumer that writes while rows are still being made."""
     for run in runs:
         for gpu_type, gpus in run.gpus.items():
             key = (run.cluster, run.job_id_raw, run.start, gpu_type)

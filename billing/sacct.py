@@ -89,7 +89,9 @@ FAILED_NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 _UNFINISHED = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "STAGE_OUT"})
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more
+# Not frozen: a frozen dataclass's __init__ costs several times more. Keywords only: twelve fields, most of
+# them strings or times, that a positional call could swap unseen.
+@dataclass(slots=True, kw_only=True)
 class JobRun:
     """One allocation of one job: a requeued job has one run per start."""
 
@@ -157,12 +159,6 @@ class Tenancy:
 
 
 NO_TENANTS = Tenancy(prefix="")
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedAccounting:
-    runs: list[JobRun]
-    rows: int  # every row read, including pending and GPU-less jobs
 
 
 def detect_delimiter(header_line: str) -> str:
@@ -310,19 +306,19 @@ class RunReader:
                 end_text = row[i_end] if i_end is not None else ""
                 end = parse_time(end_text)
                 run = JobRun(
-                    row[i_cluster] if i_cluster is not None else default_cluster,
-                    int(raw),
-                    row[i_id] if i_id is not None else raw,
-                    row[i_account].lower(),
-                    state,
-                    start,
-                    end,
-                    elapsed_s,
-                    gpus,
-                    row[i_name].replace("\x00", "") if i_name is not None else "",
-                    start_text,
-                    end_text if end is not None else "",
-                    (row[i_qos].strip().lower() or "normal") if i_qos is not None else "normal",
+                    cluster=row[i_cluster] if i_cluster is not None else default_cluster,
+                    job_id_raw=int(raw),
+                    job_id=row[i_id] if i_id is not None else raw,
+                    account=row[i_account].lower(),
+                    state=state,
+                    start=start,
+                    end=end,
+                    elapsed_s=elapsed_s,
+                    gpus=gpus,
+                    name=row[i_name].replace("\x00", "") if i_name is not None else "",
+                    start_text=start_text,
+                    end_text=end_text if end is not None else "",
+                    qos=(row[i_qos].strip().lower() or "normal") if i_qos is not None else "normal",
                 )
             except ParseError as exc:
                 raise DumpRefused(line, str(exc)) from exc
@@ -341,18 +337,3 @@ class RunReader:
 
 # The start of the refusal no pass may skip past: the output itself is ambiguous, not one row.
 _AMBIGUOUS = "the columns are separated by"
-
-
-def parse_runs(
-    text: str,
-    *,
-    delimiter: str = "|",
-    default_cluster: str | None = None,
-    fields: tuple[str, ...] | None = None,
-    tenancy: Tenancy = NO_TENANTS,
-    refuse_mismatches: bool = True,
-) -> ParsedAccounting:
-    """Every run of ``text`` that was allocated GPUs, at once."""
-    reader = RunReader(text, delimiter, default_cluster, fields, tenancy, refuse_mismatches)
-    runs = list(reader.runs())
-    return ParsedAccounting(runs=runs, rows=reader.rows)

@@ -30,8 +30,8 @@ from api.web import charts
 from api.web.forms import RESOURCE_FIELDS, param_fields, submit_body
 from api.web.session import check_csrf, csrf_token, start_session
 from billing.budgets import Balance, balance
-from billing.invoice import check_period, invoice_total_cents
-from billing.meter import period_of
+from billing.calendar import check_period, period_of
+from billing.invoice import invoice_total_cents
 from billing.money import format_cents, format_nanos
 from billing.usage import gpu_seconds_by_day_and_type, usage
 from gpupool import joblogs

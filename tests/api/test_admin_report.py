@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 from flask.testing import FlaskClient
 
-from billing.meter import month_start, next_month_start
+from billing.calendar import month_start, next_month_start
 from gpupool.config import Settings
 from gpupool.slurm.parse import parse_delimited, parse_gres
 from tests.conftest import SUITE_NOW, bearer, slurm_cmd

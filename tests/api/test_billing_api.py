@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
 from billing import passes
-from billing.meter import next_month_start, period_of
+from billing.calendar import next_month_start, period_of
 from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
 from gpupool.clock import FrozenClock

@@ -17,7 +17,7 @@ from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
 from billing import passes
-from billing.meter import period_of
+from billing.calendar import period_of
 from billing.prices import set_price
 from gpupool.config import Settings
 from gpupool.db import utcnow

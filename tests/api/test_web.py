@@ -21,7 +21,7 @@ from werkzeug.http import parse_date
 from werkzeug.test import TestResponse
 
 from billing import passes
-from billing.meter import period_of
+from billing.calendar import period_of
 from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
 from gpupool.config import Settings

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from api import create_app
-from billing.meter import period_of
+from billing.calendar import period_of
 from gpupool.errors import CommandFailed
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time

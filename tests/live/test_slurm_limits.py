@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from billing.meter import period_of
+from billing.calendar import period_of
 from gpupool.config import Settings
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import parse_delimited

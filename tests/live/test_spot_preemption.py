@@ -28,7 +28,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from billing import passes
-from billing.meter import SPOT_TIER, period_of
+from billing.calendar import period_of
+from billing.meter import SPOT_TIER
 from billing.money import format_nanos
 from billing.prices import set_price
 from gpupool.config import Settings

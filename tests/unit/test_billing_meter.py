@@ -7,9 +7,10 @@ import datetime as dt
 import pytest
 
 from billing.credits import failed_node_credits
-from billing.meter import Billed, LedgerRow, PriceBook, RunKey, meter
+from billing.meter import Billed, LedgerRow, PriceBook, RunKey
 from billing.sacct import JobRun
 from gpupool.errors import PriceMissing
+from tests.support.metering import meter
 
 
 def utc(text: str) -> dt.datetime:
@@ -21,7 +22,10 @@ PRICES = PriceBook([("rtx4090", utc("2026-01-01T00:00:00"), 120_000), ("rtx3090"
 
 def run(elapsed_s: int, *, start: str = "2026-11-10T10:00:00", state: str = "COMPLETED", gpus: dict[str, int] | None = None) -> JobRun:
     begin = utc(start)
-    return JobRun("c", 7, "7", "acme", state, begin, begin + dt.timedelta(seconds=elapsed_s), elapsed_s, gpus or {"rtx4090": 2}, "n")
+    return JobRun(
+        cluster="c", job_id_raw=7, job_id="7", account="acme", state=state, start=begin,
+        end=begin + dt.timedelta(seconds=elapsed_s), elapsed_s=elapsed_s, gpus=gpus or {"rtx4090": 2}, name="n",
+    )
 
 
 def spans(rows: list[LedgerRow]) -> list[tuple[str, str, int, int, int]]:

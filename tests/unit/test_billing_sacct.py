@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from billing.sacct import SACCT_FIELDS, DumpRefused, JobRun, RunReader, Tenancy, detect_delimiter, parse_runs
+from billing.sacct import SACCT_FIELDS, DumpRefused, JobRun, RunReader, Tenancy, detect_delimiter
 from gpupool.slurm.parse import ParseError
+from tests.support.metering import parse_runs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
 
@@ -18,10 +19,10 @@ def utc(text: str) -> dt.datetime:
 
 
 RECORDED_RUNS = [
-    JobRun("gpupool", 10, "10", "bx", "COMPLETED", utc("2026-11-29T19:19:44"), utc("2026-11-29T19:19:47"), 3, {"rtx4090": 2}, "weird|name\nline2"),
-    JobRun("gpupool", 11, "11", "bx", "REQUEUED", utc("2026-11-29T19:19:44"), utc("2026-11-29T19:20:10"), 26, {"rtx4090": 1}, "req"),
-    JobRun("gpupool", 13, "12_0", "bx", "COMPLETED", utc("2026-11-29T19:19:48"), utc("2026-11-29T19:19:50"), 2, {"rtx4090": 1}, "arr"),
-    JobRun("gpupool", 12, "12_1", "bx", "COMPLETED", utc("2026-11-29T19:19:48"), utc("2026-11-29T19:19:50"), 2, {"rtx4090": 1}, "arr"),
+    JobRun(cluster="gpupool", job_id_raw=10, job_id="10", account="bx", state="COMPLETED", start=utc("2026-11-29T19:19:44"), end=utc("2026-11-29T19:19:47"), elapsed_s=3, gpus={"rtx4090": 2}, name="weird|name\nline2"),
+    JobRun(cluster="gpupool", job_id_raw=11, job_id="11", account="bx", state="REQUEUED", start=utc("2026-11-29T19:19:44"), end=utc("2026-11-29T19:20:10"), elapsed_s=26, gpus={"rtx4090": 1}, name="req"),
+    JobRun(cluster="gpupool", job_id_raw=13, job_id="12_0", account="bx", state="COMPLETED", start=utc("2026-11-29T19:19:48"), end=utc("2026-11-29T19:19:50"), elapsed_s=2, gpus={"rtx4090": 1}, name="arr"),
+    JobRun(cluster="gpupool", job_id_raw=12, job_id="12_1", account="bx", state="COMPLETED", start=utc("2026-11-29T19:19:48"), end=utc("2026-11-29T19:19:50"), elapsed_s=2, gpus={"rtx4090": 1}, name="arr"),
 ]
 NONCE = "|5f2a9c7e01bd|"  # the shape of the billing pass's delimiter (unpredictable_delimiter)
 

@@ -12,9 +12,10 @@ import datetime as dt
 
 import pytest
 
-from billing.meter import NORMAL_TIER, SPOT_TIER, Billed, LedgerRow, PriceBook, RunKey, meter
-from billing.sacct import PASS_FIELDS, SACCT_FIELDS, parse_runs
+from billing.meter import NORMAL_TIER, SPOT_TIER, Billed, LedgerRow, PriceBook, RunKey
+from billing.sacct import PASS_FIELDS, SACCT_FIELDS
 from gpupool.errors import PriceMissing
+from tests.support.metering import meter, parse_runs
 
 
 def utc(text: str) -> dt.datetime:

@@ -1,0 +1,140 @@
+"""Revenue from the ledger, each row prorated to the seconds of it inside the window,
+summed by account, GPU type, price tier (the row's own) and day; adjustments apart."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from billing.calendar import month_start, next_month_start
+from billing.meter import NORMAL_TIER
+from billing.money import format_nanos
+from billing.report.intervals import overlap_s
+from billing.report.window import utc_text
+from gpupool.models import Adjustment, LedgerEntry
+
+_DAY = dt.timedelta(days=1)
+RunId = tuple[int, dt.datetime]  # job id, run start: how a ledger run meets its sacct record
+
+
+@dataclass
+class Sums:
+    gpu_seconds: int = 0
+    nanos: int = 0
+
+    def add(self, gpu_seconds: int, nanos: int) -> None:
+        self.gpu_seconds += gpu_seconds
+        self.nanos += nanos
+
+    def as_json(self) -> dict[str, Any]:
+        return {"gpu_seconds": self.gpu_seconds, "amount": format_nanos(self.nanos)}
+
+
+@dataclass
+class LedgerWindow:
+    """The ledger's rows, prorated to the window, summed every way the report shows them."""
+
+    total: Sums = field(default_factory=Sums)
+    by_account: dict[str, Sums] = field(default_factory=dict)
+    by_gpu_type: dict[str, Sums] = field(default_factory=dict)
+    by_tier: dict[str, Sums] = field(default_factory=dict)
+    by_day: dict[dt.date, Sums] = field(default_factory=dict)
+    by_day_and_type: dict[tuple[dt.date, str], int] = field(default_factory=dict)
+    by_run: dict[RunId, int] = field(default_factory=dict)
+
+
+LedgerRowValues = (
+    tuple[str, str, int, dt.datetime, dt.datetime, int, int, int, int, int, dt.datetime]
+    | tuple[str, str, int, dt.datetime, dt.datetime, int, int, int, int, int, dt.datetime, str]
+)
+
+
+def sum_ledger_rows(rows: Iterable[LedgerRowValues], since: dt.datetime, end: dt.datetime) -> LedgerWindow:
+    """(account, type, GPUs, from, to, seconds, GPU-seconds, price, amount, job id, run start[, tier]) rows,
+    cut to [since, end). Rows without a tier are normal's."""
+    sums = LedgerWindow()
+    for account, gpu_type, gpus, start, stop, seconds, gpu_seconds, price, nanos, job_id_raw, run_start, *tier in rows:
+        inside = overlap_s(start, stop, since, end)
+        if inside == 0:
+            continue
+        sign = -1 if seconds < 0 else 1  # correction rows take seconds back
+        if inside != abs(seconds):
+            gpu_seconds = sign * gpus * inside
+            nanos = gpu_seconds * price
+        sums.total.add(gpu_seconds, nanos)
+        sums.by_account.setdefault(account, Sums()).add(gpu_seconds, nanos)
+        sums.by_gpu_type.setdefault(gpu_type, Sums()).add(gpu_seconds, nanos)
+        sums.by_tier.setdefault(tier[0] if tier else NORMAL_TIER, Sums()).add(gpu_seconds, nanos)
+        run = (job_id_raw, run_start)
+        sums.by_run[run] = sums.by_run.get(run, 0) + nanos
+        moment, stop = max(start, since), min(stop, end)
+        while moment < stop:
+            midnight = dt.datetime.combine(moment.date() + _DAY, dt.time(), tzinfo=dt.UTC)
+            cut = min(stop, midnight)
+            day_gpu_seconds = sign * gpus * int((cut - moment).total_seconds())
+            sums.by_day.setdefault(moment.date(), Sums()).add(day_gpu_seconds, day_gpu_seconds * price)
+            key = (moment.date(), gpu_type)
+            sums.by_day_and_type[key] = sums.by_day_and_type.get(key, 0) + day_gpu_seconds
+            moment = cut
+    return sums
+
+
+def _ledger_query(since: dt.datetime, end: dt.datetime) -> Any:
+    entry = LedgerEntry
+    return select(
+        entry.account, entry.gpu_type, entry.gpus, entry.interval_from, entry.interval_to, entry.seconds,
+        entry.gpu_seconds, entry.unit_price_nanos, entry.amount_nanos, entry.job_id_raw, entry.run_start, entry.tier,
+    ).where(entry.interval_to > since, entry.interval_from < end)
+
+
+def ledger_window(session: Session, since: dt.datetime, end: dt.datetime) -> LedgerWindow:
+    result = session.connection().execute(_ledger_query(since, end), execution_options={"yield_per": 10_000})
+    return sum_ledger_rows(result, since, end)
+
+
+def window_adjustments(session: Session, since: dt.datetime, until: dt.datetime) -> dict[str, Any]:
+    """Adjustments of the window: by invoice month when the window is whole months, else by when they were made."""
+    query = select(Adjustment.account, Adjustment.period, Adjustment.kind, Adjustment.reason, Adjustment.amount_nanos, Adjustment.created_at)
+    if since == month_start(since) and until == month_start(until):
+        periods = []
+        moment = since
+        while moment < until:
+            periods.append(f"{moment:%Y-%m}")
+            moment = next_month_start(moment)
+        query = query.where(Adjustment.period.in_(periods))
+    else:
+        query = query.where(Adjustment.created_at >= since, Adjustment.created_at < until)
+    lines = []
+    credits = charges = 0
+    for account, period, kind, reason, nanos, created_at in session.execute(query.order_by(Adjustment.created_at, Adjustment.id)):
+        nanos = int(nanos)
+        if nanos < 0:
+            credits += nanos
+        else:
+            charges += nanos
+        lines.append(
+            {"account": account, "period": period, "kind": kind, "reason": reason, "amount": format_nanos(nanos), "created_at": utc_text(created_at)}
+        )
+    return {
+        "credits": format_nanos(credits),
+        "charges": format_nanos(charges),
+        "total": format_nanos(credits + charges),
+        "lines": lines,
+        "_nanos": credits + charges,
+    }
+
+
+def lifetime_revenue_by_run(session: Session, start: dt.datetime, end: dt.datetime) -> dict[RunId, int]:
+    """Revenue of every run that started in [start, end), counting its rows up to ``end``."""
+    entry = LedgerEntry
+    query = select(
+        entry.account, entry.gpu_type, entry.gpus, entry.interval_from, entry.interval_to, entry.seconds,
+        entry.gpu_seconds, entry.unit_price_nanos, entry.amount_nanos, entry.job_id_raw, entry.run_start,
+    ).where(entry.run_start >= start, entry.run_start < end, entry.interval_from < end)
+    result = session.connection().execute(query, execution_options={"yield_per": 10_000})
+    return sum_ledger_rows(result, start, end).by_run

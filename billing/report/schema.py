@@ -1,0 +1,182 @@
+"""The report's JSON (``Report.as_json``, ``GET /admin/report``) as pydantic models.
+
+They live with the report, not in ``api/``, since billing never imports the API;
+``api/openapi.py`` generates the report's schema from ``ReportOut``. Unknown keys
+are refused (``extra="forbid"``), so validating a report's JSON checks that the
+schema describes every key the report answers, and every key the schema requires.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Amount = Annotated[str, Field(description="Exact, in the currency (nano-unit precision); round to the cent to display")]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReportRevenue(_Model):
+    gpu_seconds: int
+    amount: Amount
+    adjustments: Amount
+    net: Amount
+
+
+class _Sums(_Model):
+    gpu_seconds: int
+    amount: Amount
+
+
+class ReportRevenueByAccount(_Sums):
+    account: str
+
+
+class ReportRevenueByGpuType(_Sums):
+    gpu_type: str
+
+
+class ReportRevenueByTier(_Sums):
+    tier: str = Field(description="The price tier each ledger row was priced at: normal (full price) or spot")
+
+
+class ReportRevenueByDay(_Sums):
+    date: dt.date = Field(description="A UTC day")
+    gpu_seconds_by_gpu_type: dict[str, int]
+
+
+class ReportAdjustment(_Model):
+    account: str
+    period: str
+    kind: str
+    reason: str
+    amount: Amount
+    created_at: dt.datetime
+
+
+class ReportAdjustments(_Model):
+    """Credits (negative) and charges, apart from revenue."""
+
+    credits: Amount
+    charges: Amount
+    total: Amount
+    lines: list[ReportAdjustment]
+
+
+class _Utilization(_Model):
+    gpus: int
+    allocated_gpu_seconds: int = Field(description="sacct: AllocTRES GPUs x seconds of [Start, End) in the window")
+    available_gpu_seconds: int = Field(description="GPUs x seconds, less time down or drained (sacctmgr events)")
+    down_gpu_seconds: int
+    utilization: str | None = Field(description="allocated / available, 4 decimals; null with nothing available")
+
+
+class ReportUtilization(_Utilization):
+    scope: str
+
+
+class ReportNodeUtilization(_Utilization):
+    node: str
+    gpu_types: dict[str, int]
+    state: str | None = Field(description="sinfo's state of the node now")
+
+
+class ReportGpuTypeUtilization(_Utilization):
+    gpu_type: str
+
+
+class ReportWait(_Model):
+    jobs: int
+    p50_s: int | None
+    p95_s: int | None
+    max_s: int | None
+
+
+class ReportWaitByGpuType(ReportWait):
+    gpu_type: str
+
+
+class ReportWaitByAccount(ReportWait):
+    account: str
+
+
+class ReportQueueWait(_Model):
+    """Start - Submit (sacct) of the GPU runs that started in the window; nearest-rank percentiles."""
+
+    all: ReportWait
+    by_gpu_type: list[ReportWaitByGpuType]
+    by_account: list[ReportWaitByAccount]
+
+
+class ReportWaiting(_Model):
+    """One of squeue's pending jobs, with Slurm's reason."""
+
+    slurm_job_id: str
+    account: str
+    user: str
+    gpus: int
+    gpu_type: str | None
+    reason: str
+    submitted_at: dt.datetime | None
+    waiting_s: int | None
+
+
+class ReportPaybackFigures(_Model):
+    purchase_price: Amount
+    electricity_to_date: Amount
+    cost_to_date: Amount = Field(description="Purchase price and electricity since in service")
+    revenue_to_date: Amount
+    margin_to_date: Amount
+    revenue: Amount = Field(description="Of the window")
+    electricity: Amount = Field(description="Of the window")
+    margin: Amount = Field(description="revenue - electricity, of the window")
+    monthly_margin: Amount = Field(description="The window's margin per average month")
+    paid_back: bool
+    months_to_payback: str | None = Field(description="At the monthly margin; null when it never pays back at this rate")
+
+
+class ReportNodePayback(ReportPaybackFigures):
+    node: str
+    in_service_since: dt.datetime
+    watts: int
+
+
+class ReportPayback(_Model):
+    """Per node (``gpupool node cost set``) and in total."""
+
+    nodes: list[ReportNodePayback]
+    total: ReportPaybackFigures
+    electricity_price_per_kwh: Amount
+    unattributed_revenue: Amount = Field(description="Revenue of runs sacct has no record of: it counts towards no node")
+
+
+class ReportOut(_Model):
+    """``GET /admin/report``: amounts are exact decimal text; GPU-seconds are integers.
+
+    ``measured_until`` is min(until, now): nothing after it is counted.
+    """
+
+    since: dt.datetime
+    until: dt.datetime
+    measured_until: dt.datetime
+    generated_at: dt.datetime
+    currency: str
+    revenue: ReportRevenue
+    revenue_by_account: list[ReportRevenueByAccount]
+    revenue_by_gpu_type: list[ReportRevenueByGpuType]
+    revenue_by_tier: list[ReportRevenueByTier]
+    revenue_by_day: list[ReportRevenueByDay]
+    adjustments: ReportAdjustments
+    gpu_seconds_sold: int
+    gpu_hours_sold: str
+    utilization: ReportUtilization
+    utilization_by_node: list[ReportNodeUtilization]
+    utilization_by_gpu_type: list[ReportGpuTypeUtilization]
+    queue_wait: ReportQueueWait
+    waiting_now: list[ReportWaiting]
+    payback: ReportPayback
+    notes: list[str]

@@ -1,0 +1,135 @@
+"""The report built whole on the unit fixtures of test_report (a fake session and Slurm client: no
+database, no cluster): its JSON, table and CSV against goldens written before billing/report.py was
+carved into a package, and its JSON against the pydantic models the OpenAPI schema is generated from.
+
+Goldens live in tests/unit/golden_report/; ``GPUPOOL_UPDATE_GOLDEN=1`` rewrites them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from api.openapi import openapi_document
+from billing.report import Report, build_report, parse_window, report_csv, report_table
+from billing.report.schema import ReportOut
+from gpupool.slurm.report import (
+    Allocation,
+    NodeEvent,
+    NodeGpuCapacity,
+    PendingJob,
+    parse_allocations,
+    parse_node_events,
+    parse_node_gpus,
+    parse_pending,
+)
+from tests import golden
+from tests.unit.test_report import EVENTS, SACCT, SINFO, utc
+
+GOLDEN_DIR = Path(__file__).parent / "golden_report"
+NOW = utc("2026-11-02T12:00:00")
+PENDING = (
+    "JOBID|ACCOUNT|USER|SUBMIT_TIME|REASON|NODES|TRES_PER_NODE|TRES_PER_JOB|\n"
+    "1188|acme|gp-acme|2026-11-02T11:23:56|Resources|2|gres:gpu:rtx4090:2|N/A|\n"
+    "1189|=beta|gp-beta|2026-11-02T11:23:57|QOSGrpGRES|1|N/A|gres:gpu:3|\n"
+)
+FULL, SPOT = 120_000, 40_000
+# (account, type, GPUs, from, to, seconds, GPU-seconds, price, amount, job id, run start, tier): runs 10-12 of SACCT,
+# 12 across midnight, and 99, which sacct has no record of.
+LEDGER = [
+    ("acme", "rtx4090", 2, utc("2026-11-02T10:00:00"), utc("2026-11-02T10:30:00"), 1800, 3600, FULL, 3600 * FULL, 10, utc("2026-11-02T10:00:00"), "normal"),
+    ("acme", "rtx3090", 1, utc("2026-11-02T10:15:00"), utc("2026-11-02T10:45:00"), 1800, 1800, FULL, 1800 * FULL, 11, utc("2026-11-02T10:15:00"), "spot"),
+    ("beta", "rtx4090", 4, utc("2026-11-02T11:00:00"), utc("2026-11-03T00:30:00"), 48600, 194400, SPOT, 194400 * SPOT, 12, utc("2026-11-02T11:00:00"), "spot"),
+    ("zed", "rtx4090", 1, utc("2026-11-02T10:00:00"), utc("2026-11-02T10:00:10"), 10, 10, 5, 50, 99, utc("2026-11-02T10:00:00"), "normal"),
+]
+# (account, period, kind, reason, amount, created at): a reason a spreadsheet would run as a formula.
+ADJUSTMENTS = [
+    ("acme", "2026-11", "credit", "=sorry", -2_500_000_000, utc("2026-11-02T10:20:00")),
+    ("beta", "2026-11", "charge", "setup", 1_005_000_000, utc("2026-11-02T11:20:00")),
+]
+NODE_COSTS = [
+    SimpleNamespace(node="a", purchase_price_nanos=40_000 * 10**9, in_service_since=utc("2026-10-01T00:00:00"), watts=2330),
+    SimpleNamespace(node="b", purchase_price_nanos=100 * 10**9, in_service_since=utc("2026-11-02T09:00:00"), watts=900),
+]
+
+
+class FakeSession:
+    """What build_report reads of a session: node costs, ledger rows, adjustments."""
+
+    def __init__(self, costs: Iterable[SimpleNamespace]) -> None:
+        self.costs = list(costs)
+
+    def scalars(self, _query: Any) -> list[SimpleNamespace]:
+        return self.costs
+
+    def connection(self) -> SimpleNamespace:
+        return SimpleNamespace(execute=lambda _query, execution_options=None: list(LEDGER))
+
+    def execute(self, _query: Any) -> list[tuple[Any, ...]]:
+        return list(ADJUSTMENTS)
+
+
+class FakeSlurm:
+    def node_gpus(self) -> list[NodeGpuCapacity]:
+        return parse_node_gpus(SINFO)
+
+    def allocations(self, _start: dt.datetime, _end: dt.datetime) -> list[Allocation]:
+        return parse_allocations(SACCT)
+
+    def node_events(self, _start: dt.datetime, _end: dt.datetime) -> list[NodeEvent]:
+        return parse_node_events(EVENTS)
+
+    def pending_jobs(self) -> list[PendingJob]:
+        return parse_pending(PENDING)
+
+
+CASES = {
+    "month": (NODE_COSTS, parse_window("2026-11", now=NOW)),
+    "range-no-costs": ([], parse_window(since="2026-11-02T10:00:00", until="2026-11-02T13:00:00", now=NOW)),
+}
+
+
+def report(case: str) -> Report:
+    costs, (since, until) = CASES[case]
+    settings = SimpleNamespace(currency="EUR", electricity_price_per_kwh="0.30")
+    return build_report(FakeSession(costs), FakeSlurm(), settings, since, until, NOW)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_json_table_and_csv_are_those_of_the_report_before_the_carve(case: str) -> None:
+    built = report(case)
+    golden.check_golden(GOLDEN_DIR, f"{case}.json", json.dumps(built.as_json(), indent=1) + "\n")
+    golden.check_golden(GOLDEN_DIR, f"{case}.txt", report_table(built))
+    csv_text = report_csv(built)
+    assert csv_text.endswith("\r\n") and "\n" not in csv_text.replace("\r\n", "")  # RFC 4180 line ends
+    golden.check_golden(GOLDEN_DIR, f"{case}.csv", csv_text.replace("\r\n", "\n"))  # read back in text mode
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_report_json_validates_against_its_model(case: str) -> None:
+    answered = json.loads(json.dumps(report(case).as_json()))
+    ReportOut.model_validate(answered)
+    # Every key is described: one the model lacks is refused, and so is one the report left out.
+    with pytest.raises(ValidationError):
+        ReportOut.model_validate({**answered, "queue_wait": {**answered["queue_wait"], "p99_s": 1}})
+    with pytest.raises(ValidationError):
+        ReportOut.model_validate({key: value for key, value in answered.items() if key != "revenue_by_tier"})
+
+
+def test_the_openapi_schema_of_the_report_is_generated_from_the_model() -> None:
+    document = openapi_document({})
+    ok = document["paths"]["/admin/report"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": "#/components/schemas/ReportOut"}
+    schemas = document["components"]["schemas"]
+    expected = ReportOut.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, schema in expected.pop("$defs").items():
+        assert schemas[name] == schema
+    assert schemas["ReportOut"] == expected
+    assert schemas["ReportRevenueByTier"]["required"] == ["gpu_seconds", "amount", "tier"]
