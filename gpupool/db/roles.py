@@ -66,6 +66,8 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     "node_costs": {API: READ, BILLING: NONE},
     # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.
     "job_sessions": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
+    # An array job's tasks: made at submit, kept by the refresher; they go with a job Slurm never took.
+    "job_tasks": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
     # Single-use links and the cookies they set; expired ones are swept as new ones are made.
     "session_grants": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
 }
