@@ -71,7 +71,7 @@ def wait_running_for(job_id: int, seconds: int) -> None:
     time.sleep(seconds)
 
 
-def assert_billed_exactly(ledger: LedgerDb, runs: list[dict[str, str]]) -> None:
+def assert_billed_exactly(ledger: LedgerDb, runs: list[dict[str, str]], context: str = "") -> None:
     """Per run with GPUs: rows contiguous from Start, and GPU-seconds = GPUs x ElapsedRaw."""
     rows = ledger.ledger()
     for run in runs:
@@ -82,7 +82,7 @@ def assert_billed_exactly(ledger: LedgerDb, runs: list[dict[str, str]]) -> None:
             assert mine == [], f"run {run} billed although it never held a GPU"
             continue
         elapsed = int(run["ElapsedRaw"])
-        assert sum(r[14] for r in mine) == gpus * elapsed, (run, mine)
+        assert sum(r[14] for r in mine) == gpus * elapsed, (run, mine, context)
         assert sum(r[16] for r in mine) == gpus * elapsed * RTX4090_NANOS
         assert mine[0][11] == start
         assert start + dt.timedelta(seconds=sum(r[13] for r in mine)) == parse_time(run["End"])
@@ -218,9 +218,10 @@ def test_the_api_job_carries_its_gpupool_id_into_the_ledger(pg_ledger: LedgerDb,
     assert created.status_code == 201, created.get_json()
     job = created.get_json()
     runs = wait_finished(job["slurm_job_id"])
-    assert pg_ledger.cli("billing", "run").returncode == 0
+    billed = pg_ledger.cli("billing", "run")
+    assert billed.returncode == 0, billed.stderr
     mine = [r for r in pg_ledger.ledger(account) if r[3] == job["slurm_job_id"]]
-    assert mine and {r[5] for r in mine} == {job["job_id"]}
+    assert mine and {r[5] for r in mine} == {job["job_id"]}, (billed.stdout, billed.stderr, runs, pg_ledger.mark())
     assert_billed_exactly(pg_ledger, runs)
     for period in run_periods(runs):
         invoice = client.get(f"/invoices/{period}", headers=headers)
@@ -259,7 +260,7 @@ def test_backfill_bills_a_window_in_passes_and_rerunning_it_adds_nothing(pg_ledg
     backfill = pg_ledger.cli("billing", "run", "--since", since, "--until", dt.datetime.now(dt.UTC).isoformat())
     assert backfill.returncode == 0, backfill.stderr
     assert "in 2 passes" in backfill.stdout  # 24 h windows
-    assert_billed_exactly(pg_ledger, runs)
+    assert_billed_exactly(pg_ledger, runs, context=backfill.stdout + backfill.stderr)
     # This account's rows: another account's job still running on the shared cluster is rightly
     # metered again by the rerun, so the whole ledger may grow.
     rows = pg_ledger.ledger(account)
