@@ -165,7 +165,13 @@ def test_the_billing_timer_bills_the_job_exactly(cluster: Cluster, token: str, a
     # Nobody runs `gpupool billing run` here: only the timer can bill it.
     assert wait_for(billed, timeout_s=240, interval_s=10, what="the timer to bill the job") == expected
     # systemd's own record: the timer started the pass, and it succeeded.
-    shown = cluster.head.out("systemctl show -p Result -p ExecMainExitTimestamp gpupool-billing.service")
+    # The timer starts a pass every minute: while one runs, its exit time is not set yet, so
+    # wait for the service to be between passes, then read how the last one ended.
+    def between_passes() -> str | None:
+        shown = cluster.head.out("systemctl show -p ActiveState -p Result -p ExecMainExitTimestamp gpupool-billing.service")
+        return shown if {"ActiveState=inactive", "ActiveState=failed"} & set(shown.splitlines()) else None
+
+    shown = wait_for(between_passes, timeout_s=180, interval_s=2, what="the billing pass the timer started to end")
     assert "Result=success" in shown.splitlines() and "ExecMainExitTimestamp=\n" not in shown + "\n", shown
 
 
