@@ -159,6 +159,9 @@ class AsyncClient:
         mem_gb: int | None = None,
         time_limit_min: int | None = None,
         idle_timeout_min: int | None = None,
+        array: dict[str, Any] | int | None = None,
+        sweep: dict[str, list[Any]] | None = None,
+        preemptible: bool = False,
     ) -> dict[str, Any]:
         """What ``submit`` with these arguments would cost at most and when Slurm would start it; submits nothing.
 
@@ -167,6 +170,7 @@ class AsyncClient:
         body = submit_body(
             template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
             cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
+            array=array, sweep=sweep, preemptible=preemptible,
         )
         response = await self._request("POST", "/submit", params={"dry_run": "true"}, json=body)
         result: dict[str, Any] = response.json()

@@ -121,6 +121,8 @@ def test_both_clients_quote_what_a_submit_would_cost(server: Server, token: str,
     answer = client.quote("hello", gpus=1, time_limit_min=5)
     assert answer["quote"]["gpu_seconds_worst_case"] == 300 and answer["would_be_admitted"] is True
     assert asyncio.run(quoted())["quote"] == answer["quote"]
+    # An array's quote counts every task, as its 402 would.
+    assert client.quote("hello", gpus=1, time_limit_min=5, array=3)["quote"]["gpu_seconds_worst_case"] == 900
     with pytest.raises(ValidationFailed):
         client.quote("hello", params={"seconds": "soon"})
 
