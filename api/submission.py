@@ -255,11 +255,14 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     session.commit()
 
 
+@dataclass(frozen=True)
 class _ArrayShape:
     """What a request's ``array`` and ``sweep`` ask for, checked against the template and the operator's bound."""
 
-    def __init__(self, count: int, max_parallel: int | None, param: str | None, values: list[Any]) -> None:
-        self.count, self.max_parallel, self.param, self.values = count, max_parallel, param, values
+    count: int
+    max_parallel: int | None
+    param: str | None
+    values: list[Any]
 
 
 def _array_shape(settings: Settings, template: Template, req: SubmitRequest) -> tuple[dict[str, Any], _ArrayShape | None]:
