@@ -54,35 +54,19 @@ MAX_LOG_LINES = 10_000
 MAX_LOG_OFFSET = 2**53 - 1
 
 
-def task_counts(session: Session, job_ids: list[str]) -> dict[str, dict[str, int]]:
-    """Tasks per state of each array job in ``job_ids``: one grouped query for a page of jobs."""
-    counts: dict[str, dict[str, int]] = {}
-    if job_ids:
-        rows = session.execute(
-            select(JobTask.job_id, JobTask.state, func.count())
-            .where(JobTask.job_id.in_(job_ids))
-            .group_by(JobTask.job_id, JobTask.state)
-        )
-        for job_id, state, count in rows:
-            counts.setdefault(job_id, {})[state] = int(count)
-    return counts
-
-
-def _array_view(job: Job, counts: dict[str, dict[str, int]] | None) -> TaskCounts | None:
+def _array_view(job: Job) -> TaskCounts | None:
     if job.array_size is None:
         return None
-    if counts is None:
-        counts = task_counts(db_session(), [job.id])
     return TaskCounts(
         count=job.array_size,
         max_parallel=job.array_max_parallel,
         sweep_param=(job.sweep or {}).get("param"),
-        states=dict(sorted(counts.get(job.id, {}).items())),
+        states=dict(sorted((job.task_states or {}).items())),
     )
 
 
 def job_view(
-    job: Job, now: dt.datetime | None = None, counts: dict[str, dict[str, int]] | None = None, *, queue_position: int | None = None
+    job: Job, now: dt.datetime | None = None, *, queue_position: int | None = None
 ) -> dict[str, Any]:
     state_word = job.state
     reason = job.reason
@@ -118,7 +102,7 @@ def job_view(
         session=_is_session(job),
         estimated_start=job.expected_start_at if job.state == "PENDING" else None,
         queue_position=queue_position,
-        array=_array_view(job, counts),
+        array=_array_view(job),
         preemptible=job.preemptible,
         run_count=job.run_count,
     ).model_dump(mode="json")
@@ -333,9 +317,8 @@ def list_jobs() -> Response:
     rows = list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
     page, more = rows[:limit], len(rows) > limit
     now = utcnow()
-    counts = task_counts(session, [job.id for job in page if job.array_size is not None])
     return jsonify(
-        {"jobs": [job_view(job, now, counts) for job in page], "next_cursor": _encode_cursor(page[-1]) if more else None}
+        {"jobs": [job_view(job, now) for job in page], "next_cursor": _encode_cursor(page[-1]) if more else None}
     )
 
 

@@ -461,6 +461,7 @@ def submit(
     rendered = render(_spec(app, job))
     session.add(job)
     if admitted.array is not None:
+        job.task_states = {"PENDING": admitted.array.count}
         session.flush()  # the job row first, as for a session
         session.add_all(
             JobTask(job_id=job.id, task_index=index, state="PENDING", finished=False) for index in range(admitted.array.count)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ _READ_COLUMNS = (
     Job.id, Job.account, Job.slurm_job_id, Job.state, Job.reason, Job.submitted_at, Job.started_at, Job.ended_at,
     Job.node, Job.finished, Job.exit_code, Job.exit_signal, Job.elapsed_s, Job.last_seen_at, Job.updated_at,
     Job.submit_attempted_at, Job.created_at, Job.expected_start_at, Job.array_size, Job.preemptible, Job.run_count,
+    Job.task_states,
 )
 _TASK_COLUMNS = (
     JobTask.job_id, JobTask.task_index, JobTask.slurm_job_id, JobTask.state, JobTask.finished, JobTask.reason,
@@ -101,6 +103,11 @@ class TaskView:
 
 
 _TASK_VIEW_COLUMNS = ("state", "finished", "started_at", "ended_at", "exit_code", "exit_signal", "reason", "node")
+
+
+def task_states(states: list[str]) -> dict[str, int]:
+    """How many tasks are in each state, keyed in order (the row's JSON compares equal run to run)."""
+    return dict(sorted(Counter(states).items()))
 
 
 def array_state(states: list[str]) -> str:
@@ -435,6 +442,7 @@ class JobStateRefresher:
         starts = [view.started_at for view in ordered if view.started_at is not None]
         values: dict[str, Any] = {
             "state": state,
+            "task_states": task_states([view.state for view in ordered]),
             "reason": next((view.reason for view in ordered if view.state == "PENDING" and view.reason), None)
             if state == "PENDING" else None,
             "started_at": min(starts) if starts else None,

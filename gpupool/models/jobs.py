@@ -77,6 +77,9 @@ class Job(Base):
     array_max_parallel: Mapped[int | None] = mapped_column(Integer)
     # A sweep's parameter name and its values, task i's at index i: {"param": ..., "values": [...]}.
     sweep: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # An array job's tasks per state, as the refresher last wrote them with the tasks' own rows:
+    # a read of the job is one row however many tasks it has. None: a single job.
+    task_states: Mapped[dict[str, int] | None] = mapped_column(JSON)
     # Asked for as spot: submitted to the spot QOS, which any full-price job may preempt (requeue).
     preemptible: Mapped[bool] = mapped_column(default=False, server_default=false())
     # Runs Slurm has started so far (a preempted job runs again after its requeue).

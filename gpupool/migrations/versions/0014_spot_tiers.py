@@ -1,7 +1,7 @@
 """spot: price tiers, each ledger row's tier, preemptible jobs
 
 Revision ID: 0014
-Revises: 0011
+Revises: 0013
 Create Date: 2026-12-02
 
 A price belongs to a tier, named after the Slurm QOS whose runs pay it; every
