@@ -7,11 +7,14 @@ GPUPOOL_URL and GPUPOOL_TOKEN set, as `make run`'s export leaves them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -70,3 +73,44 @@ def test_the_tour_runs_as_written(
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines()[-1] == "COMPLETED", ran.stdout
     assert (tmp_path / "invoice.csv").read_text().startswith("line_type,")
+
+
+def test_the_quotes_spot_and_arrays_section_runs_as_written(
+    start_server: Callable[..., Server], live_settings: Settings, slurm_account: str, tmp_path: Path
+) -> None:
+    server = start_server()
+    token = recorded_token(live_settings, slurm_account, sub=f"tour-{secrets.token_hex(3)}")
+    (curls,) = section_blocks("## Quotes, spot jobs and arrays", "sh")
+    fail_on_http_errors = "set -euo pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n"
+    ran = run_block(fail_on_http_errors + curls, ["/bin/bash", "-c"], server, token, tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    quote, spot, sweep = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    submitted = [spot["job_id"], sweep["job_id"]]
+    try:
+        assert quote["dry_run"] is True and "job_id" not in quote and quote["quote"]["gpus"] == 1, quote
+        assert spot["preemptible"] is True and spot["run_count"] == 0, spot
+        assert sweep["array"] == {"count": 3, "max_parallel": 2, "sweep_param": "message", "states": {"PENDING": 3}}, sweep
+
+        (python,) = section_blocks("## Quotes, spot jobs and arrays", "python")
+        prelude = "from gpupool_client import Client\nclient = Client()\n"
+        epilogue = "\nimport json; print(json.dumps({'quote': quote, 'job_id': tasks[0].job_id, 'values': [t.data['value'] for t in tasks]}))\n"
+        ran = run_block(prelude + python + epilogue, [sys.executable, "-c"], server, token, tmp_path)
+        assert ran.returncode == 0, ran.stderr
+        answer = json.loads(ran.stdout.splitlines()[-1])
+        submitted.append(answer["job_id"])
+        assert answer["quote"]["dry_run"] is True and answer["quote"]["quote"] == quote["quote"], answer
+        assert answer["values"] == ["a", "b", "c"], answer
+    finally:
+        for job_id in submitted:
+            request = urllib.request.Request(
+                f"{server.url}/jobs/{job_id}", method="DELETE", headers={"Authorization": f"Bearer {token}"}
+            )
+            with contextlib.suppress(urllib.error.HTTPError):
+                urllib.request.urlopen(request, timeout=30).close()
+
+
+def section_blocks(heading: str, language: str) -> list[str]:
+    text = README.read_text()
+    section = text[text.index(heading):]
+    section = section[:section.index("\n## ", 4)]
+    return re.findall(rf"```{language}\n(.*?)```", section, re.DOTALL)
