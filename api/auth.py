@@ -10,6 +10,7 @@ from limits import RateLimitItem
 from werkzeug.exceptions import TooManyRequests
 
 from api.context import app_state, db_session
+from gpupool.api_keys import is_api_key, principal_for_key, require_scope
 from gpupool.db import utcnow
 from gpupool.errors import Unauthorized
 from gpupool.tokens import Principal, TokenStanding, read_standing, require_good_standing, verify_token
@@ -79,7 +80,14 @@ def _authenticate() -> None:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("send a token as `Authorization: Bearer <token>`")
-    g.principal = principal_for_token(token.strip())
+    token = token.strip()
+    if is_api_key(token):
+        # Keys are checked against their row on every request: a revocation or expiry shows at once.
+        g.principal = principal_for_key(db_session(), token, utcnow())
+        body = request.get_json(silent=True) if request.is_json else None
+        require_scope(g.principal, request.method, request.endpoint, body.get("template") if isinstance(body, dict) else None)
+        return
+    g.principal = principal_for_token(token)
 
 
 def principal_for_token(token: str) -> Principal:

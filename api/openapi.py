@@ -112,6 +112,51 @@ def _webhook_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
+_KEY_VIEW: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"}, "name": {"type": "string"}, "scope": {"enum": ["read", "submit", "admin"]},
+        "templates": {"type": ["array", "null"], "items": {"type": "string"}},
+        "created_at": {"type": "string", "format": "date-time"}, "expires_at": {"type": "string", "format": "date-time"},
+        "last_used_at": {"type": ["string", "null"], "format": "date-time"}, "revoked": {"type": "boolean"},
+    },
+}
+
+
+def _key_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
+    """``/keys``: API keys a customer creates for its own account (api.keys)."""
+    create_body = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 64}, "scope": {"enum": ["read", "submit", "admin"], "default": "read"},
+            "expires_in_days": {"type": "integer", "minimum": 1, "description": "default and ceiling: the operator's api_key_max_days"},
+            "templates": {"type": "array", "items": {"type": "string"}, "description": "the only templates the key may submit"},
+        },
+    }
+    created = {"allOf": [_KEY_VIEW, {"type": "object", "properties": {"key": {"type": "string", "description": "the bearer secret, shown only here"}}}]}
+    return {
+        "/keys": {
+            "post": {
+                "summary": "Create an API key; its secret is in this answer only",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": create_body}}},
+                "responses": {"201": {"description": "Created", "content": {"application/json": {"schema": created}}}, **_errors(400, 403, 422, *auth_errors)},
+            },
+            "get": {
+                "summary": "The account's API keys (without secrets)",
+                "responses": {"200": {"description": "Keys", "content": {"application/json": {"schema": {"type": "object", "properties": {"keys": {"type": "array", "items": _KEY_VIEW}}}}}}, **_errors(403, *auth_errors)},
+            },
+        },
+        "/keys/{key_id}": {
+            "delete": {
+                "summary": "Revoke a key at once",
+                "parameters": [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"204": {"description": "Revoked"}, **_errors(403, 404, *auth_errors)},
+            }
+        },
+    }
+
+
 def _webhook_events() -> dict[str, Any]:
     """OpenAPI 3.1 ``webhooks``: what gpupool POSTs to registered endpoints and callback URLs."""
     headers = [
@@ -324,6 +369,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 }
             },
             **_webhook_paths(auth_errors),
+            **_key_paths(auth_errors),
             "/admin/report": {
                 "get": {
                     "summary": "Admin tokens only (404 to anyone else): revenue, utilization, queue wait and payback",

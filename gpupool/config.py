@@ -70,6 +70,8 @@ class Settings:
     # How long each API worker trusts its last look at a token's revocation and its
     # account's disabled flag: the bound on "a revoked token stops working at once".
     token_check_cache_s: float = 5.0
+    # No API key a customer creates (POST /keys) outlives this many days.
+    api_key_max_days: int = 90
     # Signs the web pages' session cookies (api.web). Empty: derived from jwt_secret
     # (HS256 only; with RS256 the pages stay closed until this is set).
     web_session_secret: str = ""

@@ -43,6 +43,9 @@ class Principal:
     jti: str
     # The token's ``exp`` (Unix seconds), for whoever reuses a verification: not part of who calls.
     expires_at: int | None = field(default=None, compare=False)
+    # Set for API keys (gpupool.api_keys): what the key may do, and the templates it may submit (None: any).
+    scope: str | None = field(default=None, compare=False)
+    templates: tuple[str, ...] | None = field(default=None, compare=False)
 
     @property
     def is_admin(self) -> bool:

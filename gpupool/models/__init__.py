@@ -2,6 +2,7 @@
 
 from gpupool.db import Base
 from gpupool.models.accounts import ACCOUNT_NAME, Account
+from gpupool.models.api_keys import ApiKey
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.report import NodeCost
@@ -19,6 +20,7 @@ __all__ = [
     "BillingPass",
     "BillingState",
     "IssuedToken",
+    "ApiKey",
     "Job",
     "JobTask",
     "JobSession",
