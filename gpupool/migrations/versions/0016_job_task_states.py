@@ -1,7 +1,7 @@
 """array jobs keep their tasks' counts per state on the job row
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 Create Date: 2026-12-02
 
 ``GET /jobs/<id>`` of an array job summarizes its tasks' states. Counting
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0016"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
