@@ -11,7 +11,6 @@ Slurm job id, run start, GPU type and price; adjustments by time.
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
 import uuid
 from collections.abc import Iterator, Sequence
@@ -22,6 +21,7 @@ from sqlalchemy import BigInteger, cast, func, select
 from sqlalchemy.engine import Connection
 
 from billing.money import format_cents, format_nanos, round_to_cents
+from gpupool.clock import utc_text
 from gpupool.models import Adjustment, LedgerEntry
 
 INVOICE_COLUMNS = (
@@ -51,10 +51,6 @@ def spreadsheet_text(cell: str) -> str:
     stay numbers, which a spreadsheet reads as values, never as formulas.
     """
     return "'" + cell if cell[:1] in FORMULA_STARTS else cell
-
-
-def _utc_text(moment: dt.datetime) -> str:
-    return moment.isoformat()[:19] + "Z"
 
 
 @dataclass
@@ -158,7 +154,7 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
     for adjustment_id, created_at, reason, nanos in adjustments:
         cents = round_to_cents(int(nanos))
         totals.cents += cents
-        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", _utc_text(created_at), "", "", "", "", format_cents(cents), currency))
+        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", utc_text(created_at), "", "", "", "", format_cents(cents), currency))
     batch.append(("total", "", "", "", "", "", "", "", totals.billed_seconds, totals.gpu_seconds, "", format_cents(totals.cents), currency))
     yield batch
 

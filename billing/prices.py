@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from billing.meter import ANY_GPU_TYPE, NORMAL_TIER, PriceBook
 from billing.money import format_nanos
+from gpupool.clock import utc_text
 from gpupool.errors import Conflict, ValidationFailed
 from gpupool.models import LedgerEntry, Price
 
@@ -61,4 +62,4 @@ def price_table(session: Session) -> list[tuple[str, str, str, str]]:
             Price.gpu_type, Price.tier, Price.effective_from
         )
     )
-    return [(gpu_type, f"{start:%Y-%m-%dT%H:%M:%SZ}", format_nanos(nanos), tier) for gpu_type, start, nanos, tier in rows]
+    return [(gpu_type, utc_text(start), format_nanos(nanos), tier) for gpu_type, start, nanos, tier in rows]

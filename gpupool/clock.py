@@ -33,6 +33,19 @@ def parse_instant(text: str) -> dt.datetime:
     return moment.astimezone(dt.UTC)
 
 
+def utc_text(moment: dt.datetime, *, timespec: str = "seconds") -> str:
+    """``moment`` as ISO 8601 UTC text ending in ``Z``: the one shape gpupool writes instants in.
+
+    ``timespec`` is ``datetime.isoformat``'s: ``"seconds"`` (reports, invoices,
+    price tables) or ``"auto"`` (webhook payloads, which carry microseconds
+    when the moment has them). A naive ``moment`` is read as UTC, as
+    ``parse_instant`` reads naive text: never as the host's local time.
+    """
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return moment.astimezone(dt.UTC).replace(tzinfo=None).isoformat(timespec=timespec) + "Z"
+
+
 class FrozenClock:
     """A clock that says one instant until it is told another."""
 

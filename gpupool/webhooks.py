@@ -51,6 +51,7 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpupool.clock import utc_text
 from gpupool.config import Network, Settings, allowed_networks
 from gpupool.db import utcnow
 from gpupool.errors import WebhookUrlRefused
@@ -174,7 +175,8 @@ def check_destination(url: str, allow: Sequence[Network]) -> Destination:
 
 
 def _timestamp(value: dt.datetime | None) -> str | None:
-    return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    # "auto": microseconds where the moment has them, as payloads have always carried.
+    return None if value is None else utc_text(value, timespec="auto")
 
 
 def _job_payload(session: Session, job: Job, event_type: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from billing.report.payback import NodePayback, attribute_to_nodes, payback_figu
 from billing.report.queue_wait import queue_waits, waiting_now_lines
 from billing.report.revenue import ledger_window, lifetime_revenue_by_run, window_adjustments
 from billing.report.utilization import utilization_cells, utilization_line
-from billing.report.window import utc_text
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.models import NodeCost
 from gpupool.slurm.client import SlurmClient

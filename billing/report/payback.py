@@ -12,7 +12,7 @@ from billing.money import format_nanos
 from billing.report.intervals import divide_half_up, overlap_s
 from billing.report.revenue import RunId
 from billing.report.utilization import gpus_on_nodes
-from billing.report.window import utc_text
+from gpupool.clock import utc_text
 from gpupool.slurm.report import Allocation
 
 # An average Gregorian month (365.2425 days / 12): "per month" rates use it.

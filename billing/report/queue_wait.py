@@ -8,7 +8,7 @@ from typing import Any
 
 from billing.report.intervals import percentile
 from billing.report.utilization import gpus_on_nodes
-from billing.report.window import utc_text
+from gpupool.clock import utc_text
 from gpupool.slurm.report import Allocation, PendingJob
 
 

@@ -15,7 +15,7 @@ from billing.calendar import month_start, next_month_start
 from billing.meter import NORMAL_TIER
 from billing.money import format_nanos
 from billing.report.intervals import overlap_s
-from billing.report.window import utc_text
+from gpupool.clock import utc_text
 from gpupool.models import Adjustment, LedgerEntry
 
 _DAY = dt.timedelta(days=1)

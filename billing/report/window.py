@@ -53,5 +53,3 @@ def parse_window(
     return start, end
 
 
-def utc_text(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
