@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._harness import REPO, bench_env, gunicorn, http, median, slurm, table  # noqa: E402
 from bench.submit import burst_seconds, raw_sbatch  # noqa: E402
-from billing.meter import ANY_GPU_TYPE  # noqa: E402
 from billing.passes import run_pass  # noqa: E402
+from billing.price_book import ANY_GPU_TYPE  # noqa: E402
 from billing.prices import set_price  # noqa: E402
 from gpupool import db  # noqa: E402
 from gpupool.config import load_settings  # noqa: E402

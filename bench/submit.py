@@ -38,7 +38,7 @@ from sqlalchemy import update
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._harness import bench_env, gunicorn, http, median, percentile, slurm, table  # noqa: E402
-from billing.meter import ANY_GPU_TYPE  # noqa: E402
+from billing.price_book import ANY_GPU_TYPE  # noqa: E402
 from billing.prices import set_price  # noqa: E402
 from gpupool import db  # noqa: E402
 from gpupool.config import load_settings  # noqa: E402

@@ -15,8 +15,8 @@ from sqlalchemy import ColumnElement, Select, func, select, text
 from sqlalchemy.orm import Session
 
 from billing.calendar import period_of
-from billing.meter import NORMAL_TIER, SPOT_TIER, PriceBook
 from billing.money import format_nanos
+from billing.price_book import NORMAL_TIER, SPOT_TIER, PriceBook
 from billing.prices import load_prices
 from gpupool.errors import NotFound, PaymentRequired, PriceMissing
 from gpupool.models import Account, Adjustment, Job, LedgerEntry

@@ -28,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from billing.budgets import remaining_nanos
-from billing.meter import PriceBook
+from billing.price_book import PriceBook
 from billing.prices import load_prices
 from gpupool.db import utcnow
 from gpupool.errors import GpupoolError, PriceMissing

@@ -1,7 +1,7 @@
 """Prices per tier and GPU type with effective dates. A new price never touches billed rows.
 
 A tier is the Slurm QOS a run ran under: ``normal`` (full price) or ``spot``
-(preemptible), see ``billing.meter.PriceBook``.
+(preemptible), see ``billing.price_book.PriceBook``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import datetime as dt
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from billing.meter import ANY_GPU_TYPE, NORMAL_TIER, PriceBook
 from billing.money import format_nanos
+from billing.price_book import ANY_GPU_TYPE, NORMAL_TIER, PriceBook
 from gpupool.clock import utc_text
 from gpupool.errors import Conflict, ValidationFailed
 from gpupool.models import LedgerEntry, Price

@@ -108,7 +108,7 @@ class JobRun:
     # sacct's own text of start and end, reused when writing rows (see billing.ledger_writer).
     start_text: str = field(default="", compare=False, repr=False)
     end_text: str = field(default="", compare=False, repr=False)
-    # The QOS Slurm ran this run under, lower case: its price tier (billing.meter.PriceBook).
+    # The QOS Slurm ran this run under, lower case: its price tier (billing.price_book.PriceBook).
     qos: str = "normal"
 
     @property

@@ -14,8 +14,8 @@ from billing.budgets import balance
 from billing.calendar import check_period, period_of
 from billing.enforcement import cancel_exhausted, push_budgets
 from billing.invoice import invoice_filename, write_invoice
-from billing.meter import ANY_GPU_TYPE, NORMAL_TIER, SPOT_TIER
 from billing.money import MoneyError, format_nanos, parse_nanos
+from billing.price_book import ANY_GPU_TYPE, NORMAL_TIER, SPOT_TIER
 from billing.prices import price_table, set_price
 from billing.sacct import XDMOD_FIELDS
 from gpupool import db

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.calendar import month_start, next_month_start
-from billing.meter import NORMAL_TIER
 from billing.money import format_nanos
+from billing.price_book import NORMAL_TIER
 from billing.report.intervals import overlap_s
 from gpupool.clock import utc_text
 from gpupool.models import Adjustment, LedgerEntry

@@ -29,8 +29,8 @@ from sqlalchemy.orm import sessionmaker
 
 from billing import passes
 from billing.calendar import period_of
-from billing.meter import SPOT_TIER
 from billing.money import format_nanos
+from billing.price_book import SPOT_TIER
 from billing.prices import set_price
 from gpupool.config import Settings
 from gpupool.models import LedgerEntry

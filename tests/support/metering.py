@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 
-from billing.meter import Billed, LedgerRow, PriceBook, RunKey, meter_rows
+from billing.meter import Billed, LedgerRow, RunKey, meter_rows
+from billing.price_book import PriceBook
 from billing.sacct import NO_TENANTS, JobRun, RunReader, Tenancy
 
 

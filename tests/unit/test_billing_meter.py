@@ -7,7 +7,8 @@ import datetime as dt
 import pytest
 
 from billing.credits import failed_node_credits
-from billing.meter import Billed, LedgerRow, PriceBook, RunKey
+from billing.meter import Billed, LedgerRow, RunKey
+from billing.price_book import PriceBook
 from billing.sacct import JobRun
 from gpupool.errors import PriceMissing
 from tests.support.metering import meter

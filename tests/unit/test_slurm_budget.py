@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from billing.enforcement import budget_gpu_minutes
-from billing.meter import PriceBook
+from billing.price_book import PriceBook
 from gpupool.errors import PriceMissing
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
