@@ -52,8 +52,10 @@ def get_session(job_id: str) -> Response:
     view = session_view(settings, job, record, now)
     view["link"], view["link_expires_in_s"] = None, None
     caller = principal()
-    # Only the account's own callers get a link: the cookie it sets opens the tenant's app.
-    if view["state"] != ENDED and caller.account == job.account:
+    # Only the account's own callers get a link: the cookie it sets opens the tenant's app. Not an
+    # API key's: a session runs whatever its user types, more than a read or submit scope grants,
+    # and a link stands only while the operator-issued token it was made for stands.
+    if view["state"] != ENDED and caller.account == job.account and caller.scope is None:
         view["link"] = issue_link(session, settings, record, caller, now)
         view["link_expires_in_s"] = settings.session_link_ttl_s
     session.commit()
