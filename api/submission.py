@@ -156,7 +156,8 @@ def _finish_unknown_submission(app: AppState, session: Session, job: Job) -> Non
     rendered = render(_spec(app, job))
     job.submit_attempted_at = utcnow()
     session.commit()
-    _run_sbatch(app, session, job, rendered)
+    record = session.get(JobSession, job.id) if app.templates[job.template].session is not None else None
+    _run_sbatch(app, session, job, rendered, None if record is None else record.secret)
 
 
 def _array_spec(job: Job) -> ArraySpec | None:
@@ -212,12 +213,15 @@ def _forget(app: AppState, session: Session, job: Job) -> None:
         log.warning("job %s: could not remove the folder of a job Slurm refused: %s", job.id, exc.message)
 
 
-def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob) -> None:
-    """Submit a job whose row is already committed, as the account's tenant; record the Slurm job id."""
+def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob, session_secret: str | None) -> None:
+    """Submit a job whose row is already committed, as the account's tenant; record the Slurm job id.
+
+    ``session_secret`` is the session's, for a session template (None otherwise): the caller
+    has it, so an ordinary submit asks the database nothing more between its commit and sbatch.
+    """
     try:
-        record = session.get(JobSession, job.id)
         slurm_job_id = app.slurm.submit(
-            job.account, job.id, rendered.script, rendered.options, session_secret=None if record is None else record.secret,
+            job.account, job.id, rendered.script, rendered.options, session_secret=session_secret,
             array_values=rendered.array_values,
         )
     except (CommandTimedOut, SubmissionUncertain) as exc:
@@ -466,9 +470,11 @@ def submit(
         session.add_all(
             JobTask(job_id=job.id, task_index=index, state="PENDING", finished=False) for index in range(admitted.array.count)
         )
+    record = None
     if template.session is not None:
         session.flush()  # the job row first: the models declare no relationships to order the inserts
-        session.add(new_session(job.id, template, req.idle_timeout_min))
+        record = new_session(job.id, template, req.idle_timeout_min)
+        session.add(record)
     if req.callback_url is not None:
         add_job_callback(app.settings, session, job, req.callback_url)
     try:
@@ -481,5 +487,5 @@ def submit(
         if existing is None:
             raise
         return _replay(app, session, existing, fingerprint), True
-    _run_sbatch(app, session, job, rendered)
+    _run_sbatch(app, session, job, rendered, None if record is None else record.secret)
     return job, False
