@@ -26,6 +26,11 @@ can write (wipe it on every start, e.g. systemd ``RuntimeDirectory=``): each
 worker then writes its values to files there, and ``/metrics`` from any worker
 adds all of them up. gpupool exports only counters and histograms, which keep
 the counts of exited workers, so no gunicorn ``child_exit`` hook is required.
+
+Stages. With ``server_timing`` on (off by default: it tells callers how long
+the service's parts take), every response carries a ``Server-Timing`` header
+with the stages a request passed (``stage``: a submit's admission, budget
+check, render, commit and sbatch) and its total; bench/submit reads them.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from flask import Blueprint, Flask, Response, abort, current_app, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
@@ -80,7 +86,29 @@ def _start_timer() -> None:
     g.metrics_started = time.perf_counter()
 
 
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Time one stage of a request for its ``Server-Timing`` header, when ``server_timing`` is on."""
+    spans: list[tuple[str, float]] | None = g.get("server_timing")
+    if spans is None:
+        yield
+        return
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        spans.append((name, (time.perf_counter() - started) * 1000))
+
+
+def _start_server_timing() -> None:
+    g.server_timing = []
+
+
 def _record(response: Response) -> Response:
+    spans: list[tuple[str, float]] | None = g.pop("server_timing", None)
+    if spans is not None and "metrics_started" in g:
+        spans.append(("total", (time.perf_counter() - g.metrics_started) * 1000))
+        response.headers["Server-Timing"] = ", ".join(f"{name};dur={ms:.2f}" for name, ms in spans)
     method = request.method if request.method in _KNOWN_METHODS else "other"
     endpoint = request.endpoint or "unmatched"
     HTTP_REQUESTS.labels(method=method, endpoint=endpoint, status=str(response.status_code)).inc()
@@ -97,6 +125,8 @@ def register_metrics(app: Flask, settings: Settings) -> None:
     if folder and not os.path.isdir(folder):
         raise ConfigError(f"{MULTIPROC_ENV} names {folder}, which is not a folder; create it (empty) first")
     app.before_request(_start_timer)
+    if settings.server_timing:
+        app.before_request(_start_server_timing)
     app.after_request(_record)
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.context import AppState
+from api.metrics import stage
 from api.schemas import SubmitRequest
 from billing.budgets import WorstCase, check_submit, worst_case
 from billing.prices import load_prices
@@ -220,10 +221,11 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     has it, so an ordinary submit asks the database nothing more between its commit and sbatch.
     """
     try:
-        slurm_job_id = app.slurm.submit(
-            job.account, job.id, rendered.script, rendered.options, session_secret=session_secret,
-            array_values=rendered.array_values,
-        )
+        with stage("sbatch"):  # the run-as helper, and sbatch as the tenant
+            slurm_job_id = app.slurm.submit(
+                job.account, job.id, rendered.script, rendered.options, session_secret=session_secret,
+                array_values=rendered.array_values,
+            )
     except (CommandTimedOut, SubmissionUncertain) as exc:
         # sbatch may still have reached slurmctld: never guess, look for the tag.
         try:
@@ -256,7 +258,8 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
         # then the refresher still finds the job by its tag; the row itself was
         # committed durably before sbatch. Skipping the flush saves a disk sync.
         session.execute(text("SET LOCAL synchronous_commit TO OFF"))
-    session.commit()
+    with stage("record"):
+        session.commit()
 
 
 @dataclass(frozen=True)
@@ -453,16 +456,19 @@ def submit(
     idempotency_key: str | None,
 ) -> tuple[Job, bool]:
     """Create and submit the job; returns (job, replayed)."""
-    admitted = _admit(app, session, caller, req, idempotency_key)
+    with stage("admit"):
+        admitted = _admit(app, session, caller, req, idempotency_key)
     fingerprint = request_fingerprint(raw_body)
     if admitted.keyed_job is not None:
         return _replay(app, session, admitted.keyed_job, fingerprint), True
 
     template = app.templates[req.template]
     _check_resources(app, req, admitted.gpus, template.max_gpus)
-    _check_budget(app, session, admitted, req)
-    job = _new_job(app, caller, req, admitted, idempotency_key, fingerprint)
-    rendered = render(_spec(app, job))
+    with stage("budget"):
+        _check_budget(app, session, admitted, req)
+    with stage("render"):
+        job = _new_job(app, caller, req, admitted, idempotency_key, fingerprint)
+        rendered = render(_spec(app, job))
     session.add(job)
     if admitted.array is not None:
         job.task_states = {"PENDING": admitted.array.count}
@@ -478,7 +484,8 @@ def submit(
     if req.callback_url is not None:
         add_job_callback(app.settings, session, job, req.callback_url)
     try:
-        session.commit()  # the one durable write before sbatch: a job is never untracked
+        with stage("commit"):
+            session.commit()  # the one durable write before sbatch: a job is never untracked
     except IntegrityError:
         # The same key raced us from another request; answer as its replay.
         session.rollback()

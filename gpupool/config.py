@@ -81,6 +81,9 @@ class Settings:
     ratelimit_storage_timeout_s: float = 1.0
     ratelimit_default: str = "1200/minute"
     ratelimit_submit: str = "60/minute"
+    # A Server-Timing header on every response, with a submit's stages (api.metrics.stage): for
+    # profiling, as bench/submit does; off in production, where it would tell callers too much.
+    server_timing: bool = False
     # Requests without a valid token, counted per client address before the 401.
     ratelimit_unauthenticated: str = "60/minute"
     # Reverse proxies in front of gunicorn (nginx: 1) whose X-Forwarded-For is

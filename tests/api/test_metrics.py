@@ -144,6 +144,21 @@ def test_the_allowed_networks_are_a_setting(settings: Settings, slurm: SlurmClie
         app_with(("10.0.0.0/33",))
 
 
+def test_server_timing_names_a_submits_stages_only_when_turned_on(
+    client: FlaskClient, auth: dict[str, str], settings: Settings, slurm: SlurmClient, session_factory: sessionmaker
+) -> None:
+    assert "Server-Timing" not in client.get("/templates", headers=auth).headers  # off by default
+    timed = create_app_for_tests(settings.replace(server_timing=True), slurm, session_factory).test_client()
+    created = timed.post("/submit", headers={**auth, "Idempotency-Key": "timed-1"}, json=HELLO)
+    assert created.status_code == 201, created.get_json()
+    stages = [part.strip().split(";dur=") for part in created.headers["Server-Timing"].split(",")]
+    assert [name for name, _ in stages] == ["admit", "budget", "render", "commit", "sbatch", "record", "total"]
+    durations = {name: float(ms) for name, ms in stages}
+    assert all(ms >= 0 for ms in durations.values())
+    assert durations["total"] >= sum(ms for name, ms in durations.items() if name != "total")
+    assert timed.delete(f"/jobs/{created.get_json()['job_id']}", headers=auth).status_code == 202
+
+
 def test_multiprocess_mode_adds_up_every_worker(tmp_path: Path) -> None:
     """gunicorn workers are processes: with PROMETHEUS_MULTIPROC_DIR each writes files, any one reads all."""
     env = {"PATH": "/usr/bin:/bin", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
