@@ -20,7 +20,7 @@ from gpupool.models import Account
 billing_bp = Blueprint("billing", __name__)
 
 
-def _visible_account() -> str:
+def visible_account() -> str:
     caller = principal()
     wanted = request.args.get("account") or caller.account
     if wanted != caller.account and not caller.is_admin:
@@ -33,7 +33,7 @@ def _visible_account() -> str:
 @billing_bp.get("/invoices/<period>")
 def get_invoice(period: str) -> Response:
     check_period(period)
-    account = _visible_account()
+    account = visible_account()
     app = app_state()
     currency = app.settings.currency
 
@@ -59,5 +59,5 @@ def get_invoice(period: str) -> Response:
 def get_usage() -> Response:
     now = calendar_now()
     period = check_period(request.args.get("period") or period_of(now))
-    account = _visible_account()
+    account = visible_account()
     return jsonify(usage(db_session(), account, period, app_state().settings.currency, now))

@@ -37,6 +37,35 @@ _REF = "#/components/schemas/{model}"
 _DEFAULT_LOG_READ_KIB = Settings.log_read_max_bytes // 1024
 
 
+
+_ALERTS_IN: dict[str, Any] = {
+    "type": "object",
+    "required": ["thresholds"],
+    "additionalProperties": False,
+    "properties": {"thresholds": {"type": "array", "minItems": 1, "maxItems": 10, "items": {"type": "integer", "minimum": 1, "maximum": 100}}},
+}
+_ALERTS_OUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "account": {"type": "string"},
+        "thresholds": {"type": "array", "items": {"type": "integer"}},
+        "budgets": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "kind": {"type": "string", "enum": ["credit", "limit"]},
+                    "period": {"type": "string", "description": "The month (limit), or credit:<total> (credit)"},
+                    "used": {"type": "string"},
+                    "total": {"type": "string"},
+                    "currency": {"type": "string"},
+                    "fired": {"type": "array", "items": {"type": "integer"}},
+                },
+            },
+        },
+    },
+}
+
 def _schemas(*models: type[BaseModel]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for model in models:
@@ -361,6 +390,19 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                     ],
                     "responses": {"200": {"description": "Usage", "content": _json("UsageOut")}, **_errors(400, 404, *auth_errors)},
                 }
+            },
+            "/account/alerts": {
+                "get": {
+                    "summary": "Spend-alert thresholds, each budget's figures and the thresholds fired this period",
+                    "parameters": [account_param],
+                    "responses": {"200": {"description": "Alerts", "content": {"application/json": {"schema": _ALERTS_OUT}}}, **_errors(404, *auth_errors)},
+                },
+                "put": {
+                    "summary": "Set the account's spend-alert thresholds (percentages 1-100 of its credit / monthly limit, at most 10)",
+                    "parameters": [account_param],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": _ALERTS_IN}}},
+                    "responses": {"200": {"description": "Alerts", "content": {"application/json": {"schema": _ALERTS_OUT}}}, **_errors(400, 404, 415, 422, *auth_errors)},
+                },
             },
             "/templates": {
                 "get": {

@@ -263,11 +263,11 @@ class SubmitOut(JobOut):
     )
 
 
-WebhookEventType = Literal["job.started", "job.ended", "job.preempted"]
+WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "budget.threshold"]
 
 
 def _every_event_type() -> list[WebhookEventType]:
-    return ["job.started", "job.ended", "job.preempted"]
+    return ["job.started", "job.ended", "job.preempted", "budget.threshold"]
 
 
 class WebhookCreate(BaseModel):
@@ -307,7 +307,7 @@ class DeliveryAttemptOut(BaseModel):
 class DeliveryOut(BaseModel):
     event_id: str = Field(description="Deduplicate on this: a delivery may arrive more than once.")
     event_type: str
-    job_id: str
+    job_id: str | None = Field(default=None, description="None for an account-level event (budget.threshold)")
     state: str = Field(description="pending, delivered, failed (retried for 24 h) or cancelled (endpoint deleted)")
     attempts: list[DeliveryAttemptOut]
     next_attempt_at: dt.datetime | None

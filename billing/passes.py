@@ -25,6 +25,7 @@ from pathlib import Path
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from billing.alerts import fire_alerts
 from billing.archive import Archiver, read_text
 from billing.credits import credit_failed_nodes
 from billing.ledger_writer import JobIdLookup, write_ledger_rows
@@ -204,6 +205,8 @@ def bill_sacct_output(
     record.sacct_rows = reader.rows
     record.ledger_rows = len(rows)
     record.adjustment_rows = credits
+    # In the pass's transaction: a threshold fires exactly when the rows that crossed it are stored.
+    fire_alerts(session, settings, (run.account for run in runs), started_at, record.id)
     record.finished_at = utcnow()
     return PassReport(
         pass_id=record.id,

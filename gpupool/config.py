@@ -141,6 +141,19 @@ class Settings:
     webhook_backoff_s: float = 10.0
     webhook_retry_window_s: int = 24 * 3600
 
+    # Spend-alert email (gpupool.email_outbox): the operator's SMTP server. No host: no email.
+    smtp_host: str = ""
+    smtp_port: int = 587
+    smtp_starttls: bool = True
+    smtp_username: str = ""
+    # A file holding the password (never the password itself in the environment or a log).
+    smtp_password_file: str = ""
+    smtp_from: str = "gpupool@localhost"
+    smtp_timeout_s: float = 10.0
+    # First retry after this, doubling up to an hour; given up after this many attempts.
+    email_backoff_s: float = 30.0
+    email_max_attempts: int = 10
+
     templates_dir: str = "slurm_templates"
     job_root: str = "var/jobs"
     job_path: str = "/usr/local/bin:/usr/bin:/bin"

@@ -10,6 +10,7 @@ from pathlib import Path
 from sqlalchemy.orm import sessionmaker
 
 from billing import passes
+from billing.alerts import check_thresholds, set_alert_settings
 from billing.budgets import balance
 from billing.calendar import check_period, period_of
 from billing.enforcement import cancel_exhausted, push_budgets
@@ -236,6 +237,8 @@ def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
             account.prepaid_credit_nanos = args.credit
         if args.monthly_limit is not _UNSET:
             account.monthly_limit_nanos = args.monthly_limit
+        if args.alert_thresholds is not None or args.alert_email is not None:
+            set_alert_settings(session, args.name, args.alert_thresholds, args.alert_email, now)
         session.flush()
         summary = balance(session, args.name, now).as_json()
     shown = ", ".join(f"{key}={value if value is not None else '-'}" for key, value in summary.items())
@@ -245,6 +248,13 @@ def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
 
 
 _UNSET = object()
+
+
+def _thresholds(text: str) -> tuple[int, ...]:
+    try:
+        return check_thresholds(int(part) for part in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._SubParsersAction) -> None:
@@ -302,4 +312,8 @@ def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._
     account_set.add_argument("name")
     account_set.add_argument("--credit", type=_optional_money, default=_UNSET, help="total prepaid credit, or none")
     account_set.add_argument("--monthly-limit", type=_optional_money, default=_UNSET, help="spend cap per UTC month, or none")
+    account_set.add_argument(
+        "--alert-thresholds", type=_thresholds, help="spend alerts at these percentages of the credit / limit, e.g. 50,80,100"
+    )
+    account_set.add_argument("--alert-email", help="email spend alerts here (needs smtp_host); 'none' to stop")
     account_set.set_defaults(handler=cmd_account_set)

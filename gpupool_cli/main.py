@@ -28,7 +28,7 @@ from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
 from gpupool_cli.token_cmds import add_token_parsers
-from gpupool_cli.webhook_cmds import add_webhook_parsers
+from gpupool_cli.webhook_cmds import add_email_parsers, add_webhook_parsers
 
 
 def _account_name(value: str) -> str:
@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_billing_parsers(sub, account)
     add_token_parsers(sub, account, _account_name)
     add_webhook_parsers(sub)
+    add_email_parsers(sub)
     add_report_parsers(sub)
     add_session_parsers(sub)
 

@@ -1,4 +1,4 @@
-"""``gpupool webhooks run``: the one sender per cluster that delivers webhook events."""
+"""``gpupool webhooks run``: the one sender per cluster that delivers webhook events; ``gpupool email send-due``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from gpupool import db
 from gpupool.config import Settings
+from gpupool.email_outbox import send_due
 from gpupool.webhooks import WebhookSender
 
 
@@ -43,3 +44,19 @@ def add_webhook_parsers(sub: Any) -> None:
     run.add_argument("--once", action="store_true", help="attempt what is due now, then exit")
     run.add_argument("--idle-s", type=float, default=1.0, help="pause when nothing is due")
     run.set_defaults(handler=cmd_webhooks_run)
+
+
+def cmd_email_send_due(settings: Settings, args: argparse.Namespace) -> int:
+    engine = db.migrated_engine(settings.database_url)
+    try:
+        sent, failed = send_due(db.make_session_factory(engine), settings)
+    finally:
+        engine.dispose()
+    print(f"{sent} emails sent, {failed} failed (retried later)" if settings.smtp_host else "no smtp_host set: no email sent")
+    return 0
+
+
+def add_email_parsers(sub: Any) -> None:
+    email = sub.add_parser("email", help="spend-alert email").add_subparsers(dest="email_command", required=True)
+    send = email.add_parser("send-due", help="send the outbox's due emails through smtp_host (cron: every minute)")
+    send.set_defaults(handler=cmd_email_send_due)

@@ -60,10 +60,18 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # Customers register endpoints through the API (a forgotten job's callback goes
     # with it); the API's refresher records events, and `gpupool webhooks run`, with
     # the API's environment, marks deliveries and records attempts.
-    "webhook_endpoints": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
-    "webhook_events": {API: APPEND, BILLING: NONE},
-    "webhook_deliveries": {API: READ_WRITE, BILLING: NONE},
+    # Billing enqueues budget.threshold events and their deliveries in its pass.
+    "webhook_endpoints": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: READ},
+    "webhook_events": {API: APPEND, BILLING: APPEND},
+    "webhook_deliveries": {API: READ_WRITE, BILLING: APPEND},
     "webhook_attempts": {API: APPEND, BILLING: NONE},
+    # Spend alerts: billing records each crossed threshold and enqueues its email;
+    # the API shows which fired and `gpupool email send-due` (operator) sends the outbox.
+    # Thresholds are the account's own (PUT /account/alerts), in a table of their own
+    # so the API never needs to write `accounts` (budgets are the operator's).
+    "alert_settings": {API: READ_WRITE, BILLING: READ},
+    "alerts_sent": {API: READ, BILLING: APPEND},
+    "email_outbox": {API: NONE, BILLING: APPEND},
     # Hardware costs for the operator report; set with `gpupool node cost set`.
     "node_costs": {API: READ, BILLING: NONE},
     # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.

@@ -2,6 +2,7 @@
 
 from gpupool.db import Base
 from gpupool.models.accounts import ACCOUNT_NAME, Account
+from gpupool.models.alerts import AlertSent, AlertSettings, EmailOutbox
 from gpupool.models.api_keys import ApiKey
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
@@ -15,6 +16,9 @@ __all__ = [
     "ACCOUNT_NAME",
     "TERMINAL_STATES",
     "Account",
+    "AlertSent",
+    "AlertSettings",
+    "EmailOutbox",
     "Adjustment",
     "Base",
     "BillingPass",

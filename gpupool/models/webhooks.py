@@ -53,7 +53,8 @@ class WebhookEvent(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     account: Mapped[str] = mapped_column(ForeignKey("accounts.name"))
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    # None: an account-level event (budget.threshold), about no job.
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), index=True)
     type: Mapped[str] = mapped_column(String(32))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -21,9 +21,22 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from api import create_app
+from billing import passes
+from billing.alerts import set_alert_settings
 from gpupool import db
 from gpupool.db.roles import TABLE_ACCESS
-from gpupool.models import Account, Adjustment, Base, BillingPass, Job, LedgerEntry
+from gpupool.models import (
+    Account,
+    Adjustment,
+    AlertSent,
+    Base,
+    BillingPass,
+    EmailOutbox,
+    Job,
+    LedgerEntry,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from gpupool.slurm.client import SlurmClient
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.billing.test_ledger import dump, replay_ok, row
@@ -237,6 +250,27 @@ def test_the_billing_role_adds_ledger_rows_but_changes_none(billed: RolesDb) -> 
     assert_permission_denied(url, "UPDATE adjustments SET amount_nanos = 0", "adjustments")
     assert_permission_denied(url, "DELETE FROM adjustments", "adjustments")
     assert_permission_denied(url, "UPDATE jobs SET state = 'COMPLETED'", "jobs")
+
+
+def test_a_pass_as_the_billing_role_records_and_enqueues_a_spend_alert(billed: RolesDb, tmp_path: Path) -> None:
+    """The pass's own transaction writes alerts_sent, the webhook event and delivery, and the email."""
+    now = dt.datetime.now(dt.UTC)
+    billed.owner.add_account("zulu", prepaid_credit_nanos=10_000_000)  # 0.01: any run passes 100 %
+    with billed.owner.sessions() as session, session.begin():
+        set_alert_settings(session, "zulu", (100,), "ops@zulu.example", now)
+        session.add(WebhookEndpoint(id="ep-zulu", account="zulu", url="https://hooks.example.com/z", events="budget.threshold", secret="s", created_at=now))
+    path = dump(tmp_path, "z.psv", row(31, "zulu", "COMPLETED", "2026-11-05T00:00:00", "2026-11-05T00:10:00", 600, TRES))
+    as_billing = billed.as_billing()
+    try:
+        passes.replay(as_billing.sessions, as_billing.settings.replace(smtp_host="127.0.0.1"), path)
+    finally:
+        as_billing.engine.dispose()
+    with billed.owner.sessions() as session:
+        assert session.scalars(select(AlertSent.threshold).where(AlertSent.account == "zulu")).all() == [100]
+        assert session.scalars(select(EmailOutbox.recipient).where(EmailOutbox.account == "zulu")).all() == ["ops@zulu.example"]
+        assert len(session.scalars(select(WebhookDelivery.id).where(WebhookDelivery.endpoint_id == "ep-zulu")).all()) == 1
+    assert_permission_denied(billed.billing_url, "UPDATE alerts_sent SET threshold = 1", "alerts_sent")
+    assert_permission_denied(billed.api_url, "SELECT * FROM email_outbox", "email_outbox")
 
 
 def test_neither_service_role_can_switch_the_ledgers_trigger_off(billed: RolesDb) -> None:
