@@ -7,12 +7,13 @@ operator's budgets and stays read-only to the API.
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, jsonify
 
 from api.billing import visible_account
 from api.context import app_state, calendar_now, db_session
+from api.schemas import json_object
 from billing.alerts import alert_status, check_thresholds, set_alert_settings
-from gpupool.errors import BadRequest, UnknownFields, UnsupportedMediaType, ValidationFailed
+from gpupool.errors import UnknownFields, ValidationFailed
 
 alerts_bp = Blueprint("alerts", __name__)
 
@@ -26,11 +27,7 @@ def get_alerts() -> Response:
 @alerts_bp.put("/account/alerts")
 def put_alerts() -> Response:
     account = visible_account()
-    if not request.is_json:
-        raise UnsupportedMediaType("send the body as JSON with Content-Type: application/json")
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
+    body = json_object()
     if set(body) - {"thresholds"}:
         raise UnknownFields(set(body) - {"thresholds"}, ["thresholds"])
     values = body.get("thresholds")

@@ -24,6 +24,7 @@ from api.schemas import (
     SubmitRequest,
     TaskCounts,
     TaskOut,
+    json_object,
     request_body,
 )
 from api.submission import Quote, quote, submit
@@ -35,7 +36,6 @@ from gpupool.errors import (
     CommandFailed,
     Conflict,
     NotFound,
-    UnsupportedMediaType,
 )
 from gpupool.jobstate import NOT_REPORTED, SUBMISSION_LOST
 from gpupool.models import Account, Job, JobTask
@@ -113,17 +113,6 @@ def _is_session(job: Job) -> bool:
     return template is not None and template.session is not None
 
 
-def _json_body() -> dict[str, Any]:
-    if not request.is_json:
-        raise UnsupportedMediaType("send the body as JSON with Content-Type: application/json")
-    body = request.get_json(silent=True)
-    if body is None:
-        raise BadRequest("the body is not valid JSON")
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
-
-
 def _idempotency_key() -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
@@ -164,7 +153,7 @@ def quote_view(found: Quote) -> dict[str, Any]:
 
 
 def _submit_body() -> tuple[dict[str, Any], SubmitRequest]:
-    body = _json_body()
+    body = json_object()
     return body, request_body(SubmitRequest, body)
 
 

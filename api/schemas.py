@@ -6,14 +6,27 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
+from flask import request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from gpupool.errors import UnknownFields, ValidationFailed
+from gpupool.errors import BadRequest, UnknownFields, UnsupportedMediaType, ValidationFailed
 from gpupool.models import TERMINAL_STATES
 from gpupool.models.jobs import UNKNOWN
 from gpupool.templates import validation_error_list
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+
+def json_object() -> dict[str, Any]:
+    """The request's JSON object body: 415 when it is not sent as JSON, 400 when it is not an object."""
+    if not request.is_json:
+        raise UnsupportedMediaType("send the body as JSON with Content-Type: application/json")
+    body = request.get_json(silent=True)
+    if body is None:
+        raise BadRequest("the body is not valid JSON")
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
 
 
 def request_body(model: type[RequestModel], body: Mapping[str, Any], *, refuse_unknown: bool = True) -> RequestModel:

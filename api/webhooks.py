@@ -9,10 +9,18 @@ from flask import Blueprint, Response, jsonify, request, url_for
 from sqlalchemy import select
 
 from api.context import app_state, db_session, principal
-from api.schemas import DeliveryAttemptOut, DeliveryOut, WebhookCreate, WebhookCreated, WebhookOut, request_body
+from api.schemas import (
+    DeliveryAttemptOut,
+    DeliveryOut,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookOut,
+    json_object,
+    request_body,
+)
 from gpupool.config import allowed_networks
 from gpupool.db import utcnow
-from gpupool.errors import BadRequest, Conflict, NotFound, UnsupportedMediaType
+from gpupool.errors import BadRequest, Conflict, NotFound
 from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from gpupool.webhooks import check_destination, new_secret
 
@@ -32,12 +40,7 @@ def _endpoint_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
 
 
 def _create_request() -> WebhookCreate:
-    if not request.is_json:
-        raise UnsupportedMediaType("send the body as JSON with Content-Type: application/json")
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return request_body(WebhookCreate, body)
+    return request_body(WebhookCreate, json_object())
 
 
 def _own_endpoint(endpoint_id: str) -> WebhookEndpoint:
