@@ -24,6 +24,7 @@ from api.docs_page import docs_bp
 from api.errors import register_error_handlers
 from api.jobs import jobs_bp, submit_bp
 from api.keys import keys_bp
+from api.members import members_bp
 from api.meta import meta_bp, templates_bp
 from api.metrics import metrics_bp, register_metrics
 from api.sessions import session_proxy_bp, sessions_bp
@@ -125,7 +126,7 @@ def create_app(
         raise ConfigError(f"ratelimit_unauthenticated: {exc}") from exc
 
     for blueprint in (
-        meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, alerts_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp, keys_bp
+        meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, alerts_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp, keys_bp, members_bp
     ):
         app.register_blueprint(blueprint)
     register_pages(app, settings, limiter)

@@ -12,8 +12,16 @@ from werkzeug.exceptions import TooManyRequests
 from api.context import app_state, db_session
 from gpupool.api_keys import is_api_key, principal_for_key, require_scope
 from gpupool.db import utcnow
-from gpupool.errors import Unauthorized
-from gpupool.tokens import Principal, TokenStanding, read_standing, require_good_standing, verify_token
+from gpupool.errors import Forbidden, Unauthorized
+from gpupool.members import require_role
+from gpupool.tokens import (
+    Principal,
+    TokenStanding,
+    read_standing,
+    require_good_standing,
+    verify_token,
+    with_membership,
+)
 from gpupool.web_sessions import read_web_session
 
 # /metrics is guarded by the caller's address instead (api.metrics).
@@ -58,11 +66,12 @@ def _page_principal() -> Principal | None:
             raise Unauthorized("the session has ended", code="session_ended")
         caller, standing = found
         require_good_standing(caller, standing)
-    except Unauthorized:
-        # Signed out, expired, revoked or its account disabled: the cookie is worth nothing any more.
+        return with_membership(caller, standing.membership)
+    except (Unauthorized, Forbidden):
+        # Signed out, expired, revoked, its account disabled or its subject taken out of the
+        # account's members: the cookie is worth nothing any more.
         session.clear()
         return None
-    return caller
 
 
 def count_unauthenticated() -> None:
@@ -86,8 +95,11 @@ def _authenticate() -> None:
         g.principal = principal_for_key(db_session(), token, utcnow())
         body = request.get_json(silent=True) if request.is_json else None
         require_scope(g.principal, request.method, request.endpoint, body.get("template") if isinstance(body, dict) else None)
-        return
-    g.principal = principal_for_token(token)
+    else:
+        g.principal = principal_for_token(token)
+    caller: Principal = g.principal
+    if caller.membership is not None:
+        require_role(caller.membership, request.endpoint, request.method)
 
 
 def principal_for_token(token: str) -> Principal:
@@ -101,7 +113,8 @@ def principal_for_token(token: str) -> Principal:
     # takes effect within that many seconds, at one query per token per interval.
     standing = app_state().token_standings.get(caller.jti, _standing_from_database)
     require_good_standing(caller, standing)
-    return caller
+    assert standing is not None
+    return with_membership(caller, standing.membership)
 
 
 def _verify(token: str) -> Principal:

@@ -51,7 +51,10 @@ _HTTP_CODES = {
     503: "service_unavailable",
 }
 # Details safe to show a customer; stderr and argv stay in the log.
-_PUBLIC_DETAILS = ("unknown", "valid", "errors", "job_id", "allowed", "remaining", "required", "currency")
+_PUBLIC_DETAILS = (
+    "unknown", "valid", "errors", "job_id", "allowed", "remaining", "required", "currency",
+    "limit", "in_use", "asked", "spent_this_month", "role",
+)
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> Response:

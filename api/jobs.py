@@ -186,6 +186,9 @@ def _visible_job(job_id: str) -> Job:
     job = db_session().get(Job, job_id) if len(job_id) <= 36 else None
     if job is None or (not caller.is_admin and job.account != caller.account):
         raise NotFound(f"no job {job_id!r} in your account")
+    # A member's view of the account is their own jobs: another member's reads as absent, as another account's does.
+    if not caller.sees_whole_account and job.owner != caller.sub:
+        raise NotFound(f"no job {job_id!r} of yours in account {caller.account}")
     return job
 
 
@@ -283,6 +286,8 @@ def list_jobs() -> Response:
         account = caller.account
     if account:
         query = query.where(Job.account == account)
+    if not caller.sees_whole_account:
+        query = query.where(Job.owner == caller.sub)
     state_filter = request.args.get("state")
     if state_filter:
         wanted = {word.strip().upper() for word in state_filter.split(",") if word.strip()}

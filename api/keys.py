@@ -51,13 +51,13 @@ def create() -> tuple[Response, int]:
 @keys_bp.get("/keys")
 def index() -> Response:
     require_key_manager(g.principal)
-    return jsonify({"keys": [_view(row) for row in list_keys(db_session(), g.principal.account)]})
+    return jsonify({"keys": [_view(row) for row in list_keys(db_session(), g.principal)]})
 
 
 @keys_bp.delete("/keys/<key_id>")
 def revoke(key_id: str) -> tuple[str, int]:
     require_key_manager(g.principal)
     session = db_session()
-    revoke_key(session, g.principal.account, key_id, utcnow())
+    revoke_key(session, g.principal, key_id, utcnow())
     session.commit()
     return "", 204

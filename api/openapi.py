@@ -15,6 +15,9 @@ from api.schemas import (
     ErrorOut,
     JobList,
     JobOut,
+    MemberIn,
+    MemberList,
+    MemberOut,
     QuoteOut,
     SessionOut,
     SubmitOut,
@@ -186,6 +189,33 @@ def _key_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
+def _member_paths(auth_errors: tuple[int, ...], account_param: dict[str, Any]) -> dict[str, Any]:
+    """``/account/members``: the account's people, for its admins (api.members, gpupool.members)."""
+    subject = {"name": "subject", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 255}}
+    return {
+        "/account/members": {
+            "get": {
+                "summary": "The account's members, their roles, limits and this month's spend (admins)",
+                "parameters": [account_param],
+                "responses": {"200": {"description": "Members", "content": _json("MemberList")}, **_errors(403, 404, *auth_errors)},
+            }
+        },
+        "/account/members/{subject}": {
+            "put": {
+                "summary": "Add a member or set every setting of one; the first member added enrolls the calling admin",
+                "parameters": [subject, account_param],
+                "requestBody": {"required": True, "content": _json("MemberIn")},
+                "responses": {"200": {"description": "The member", "content": _json("MemberOut")}, **_errors(400, 403, 404, 409, 415, 422, *auth_errors)},
+            },
+            "delete": {
+                "summary": "Take a subject out of the account; its tokens and keys are refused from then on",
+                "parameters": [subject, account_param],
+                "responses": {"204": {"description": "Removed"}, **_errors(403, 404, 409, *auth_errors)},
+            },
+        },
+    }
+
+
 def _webhook_events() -> dict[str, Any]:
     """OpenAPI 3.1 ``webhooks``: what gpupool POSTs to registered endpoints and callback URLs."""
     headers = [
@@ -225,6 +255,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     schemas = _schemas(
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
         WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut, TaskList, TaskOut, ReportOut,
+        MemberIn, MemberOut, MemberList,
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
@@ -412,6 +443,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
             },
             **_webhook_paths(auth_errors),
             **_key_paths(auth_errors),
+            **_member_paths(auth_errors, account_param),
             "/admin/report": {
                 "get": {
                     "summary": "Admin tokens only (404 to anyone else): revenue, utilization, queue wait and payback",

@@ -331,3 +331,33 @@ class DeliveryOut(BaseModel):
 class DeliveryList(BaseModel):
     deliveries: list[DeliveryOut]
     next_cursor: str | None = Field(description="Pass as ?cursor= for older deliveries; null on the last page.")
+
+
+class MemberIn(BaseModel):
+    """Body of ``PUT /account/members/{subject}``: the whole of a member's settings."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["admin", "member", "viewer"]
+    gpu_limit: int | None = Field(default=None, ge=0, description="GPUs this member may have queued or running at once")
+    monthly_limit: str | None = Field(
+        default=None, pattern=r"^\d{1,12}(\.\d{1,9})?$", description="This member's spend per UTC month, in the account's currency",
+        examples=["250.00"],
+    )
+    templates: list[str] | None = Field(default=None, min_length=1, description="The only templates this member may submit")
+
+
+class MemberOut(BaseModel):
+    subject: str
+    role: str
+    gpu_limit: int | None
+    monthly_limit: str | None
+    templates: list[str] | None
+    gpus_in_flight: int = Field(description="GPUs of this member's jobs now queued or running")
+    spent_this_month: str = Field(description="What this member's jobs were billed this UTC month")
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class MemberList(BaseModel):
+    members: list[MemberOut] = Field(description="Empty: the account has no members, and each of its tokens acts as its admin")

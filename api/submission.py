@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from api.context import AppState
 from api.metrics import stage
 from api.schemas import SubmitRequest
-from billing.budgets import WorstCase, check_submit, worst_case
+from billing.budgets import WorstCase, check_member_spend, check_submit, lock_budget, worst_case
 from billing.prices import load_prices
 from gpupool.config import Settings, allowed_networks
 from gpupool.containers import docker_runtime_refusal
@@ -35,6 +35,7 @@ from gpupool.errors import (
     Unauthorized,
     ValidationFailed,
 )
+from gpupool.members import check_member_gpus, check_member_templates, require_role
 from gpupool.models import Account, Job, JobSession, JobTask
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import ArraySpec, JobSpec, RenderedJob, param_text, render
@@ -357,13 +358,30 @@ def _admit(
         raise Unauthorized(f"account {account.name!r} is disabled", code="account_disabled")
     if account.gpu_limit is not None and gpus > account.gpu_limit:
         raise ValidationFailed(f"account {account.name!r} may use at most {account.gpu_limit} GPU(s) at once")
+    if caller.membership is not None:
+        # The pages reach here without the API's per-endpoint check.
+        require_role(caller.membership, "submit.submit_job", "POST")
+        check_member_templates(caller.membership, req.template)
     time_limit_min = req.time_limit_min or app.settings.default_time_limit_min
     return _Admitted(params, gpus, account, keyed_job, time_limit_min, array)
 
 
-def _check_budget(app: AppState, session: Session, admitted: _Admitted, req: SubmitRequest) -> None:
-    """The 402 check; holds the account's budget lock until the session's transaction ends."""
+def _check_budget(app: AppState, session: Session, caller: Principal, admitted: _Admitted, req: SubmitRequest) -> None:
+    """The 402 checks, the member's and the account's; hold the account's budget lock until the session's transaction ends."""
     account = admitted.account
+    tasks = admitted.array.count if admitted.array is not None else 1
+    membership = caller.membership
+    if membership is not None and membership.has_limits:
+        # The same lock as the account's budget: a member's concurrent submits see each other's jobs.
+        lock_budget(session, account.name, app.clock())
+        asked = admitted.gpus * min(tasks, admitted.array.max_parallel or tasks) if admitted.array is not None else admitted.gpus
+        check_member_gpus(session, membership, account.name, caller.sub, asked)
+        if membership.monthly_limit_nanos is not None:
+            check_member_spend(
+                session, account.name, caller.sub, membership.monthly_limit_nanos,
+                gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
+                currency=app.settings.currency, now=app.clock(), tasks=tasks, preemptible=req.preemptible,
+            )
     if account.prepaid_credit_nanos is not None or account.monthly_limit_nanos is not None:
         check_submit(
             session,
@@ -373,7 +391,7 @@ def _check_budget(app: AppState, session: Session, admitted: _Admitted, req: Sub
             time_limit_min=admitted.time_limit_min,
             currency=app.settings.currency,
             now=app.clock(),
-            tasks=admitted.array.count if admitted.array is not None else 1,
+            tasks=tasks,
             preemptible=req.preemptible,
         )
 
@@ -432,7 +450,7 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
     template = app.templates[req.template]
     _check_resources(app, req, admitted.gpus, template.max_gpus)
     try:
-        _check_budget(app, session, admitted, req)
+        _check_budget(app, session, caller, admitted, req)
         cost = worst_case(
             load_prices(session), gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
             now=app.clock(), tasks=admitted.array.count if admitted.array is not None else 1, preemptible=req.preemptible,
@@ -465,7 +483,7 @@ def submit(
     template = app.templates[req.template]
     _check_resources(app, req, admitted.gpus, template.max_gpus)
     with stage("budget"):
-        _check_budget(app, session, admitted, req)
+        _check_budget(app, session, caller, admitted, req)
     with stage("render"):
         job = _new_job(app, caller, req, admitted, idempotency_key, fingerprint)
         rendered = render(_spec(app, job))

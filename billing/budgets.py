@@ -89,19 +89,18 @@ def remaining_nanos(session: Session, account: str, now: dt.datetime) -> int | N
     return balance(session, account, now).remaining_nanos
 
 
-def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.datetime) -> int:
-    """Worst case still to come from the account's unfinished API jobs, net of what is billed."""
+def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.datetime, owner: str | None = None) -> int:
+    """Worst case still to come from the account's (or one member's) unfinished API jobs, net of what is billed."""
     # One statement; the correlated sum reads each job's rows through ix_ledger_gpupool_job.
     billed = (
         select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0))
         .where(LedgerEntry.gpupool_job_id == Job.id)
         .scalar_subquery()
     )
-    jobs = session.execute(
-        select(Job.gpus * func.coalesce(Job.array_size, 1), Job.gpu_type, Job.time_limit_min, Job.preemptible, billed).where(
-            Job.account == account, Job.finished.is_(False), Job.gpus > 0
-        )
+    query = select(Job.gpus * func.coalesce(Job.array_size, 1), Job.gpu_type, Job.time_limit_min, Job.preemptible, billed).where(
+        Job.account == account, Job.finished.is_(False), Job.gpus > 0
     )
+    jobs = session.execute(query if owner is None else query.where(Job.owner == owner))
     return sum(
         max(0, gpus * time_limit_min * 60 * prices.highest(gpu_type, now, _tier(preemptible)) - int(nanos))
         for gpus, gpu_type, time_limit_min, preemptible, nanos in jobs
@@ -222,5 +221,57 @@ def check_submit(
             "ask for fewer GPUs or a shorter time limit",
             remaining=format_nanos(max(left, 0)),
             required=format_nanos(worst),
+            currency=currency,
+        )
+
+
+def member_spent_nanos(session: Session, account: str, subject: str, period: str) -> int:
+    """What the member's jobs were billed in ``period``: ledger rows of jobs they submitted (adjustments are the account's)."""
+    their_jobs = select(Job.id).where(Job.account == account, Job.owner == subject)
+    spent = session.scalar(
+        select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(
+            LedgerEntry.account == account, LedgerEntry.period == period, LedgerEntry.gpupool_job_id.in_(their_jobs)
+        )
+    )
+    return int(spent or 0)
+
+
+def check_member_spend(
+    session: Session,
+    account: str,
+    subject: str,
+    limit_nanos: int,
+    *,
+    gpus: int,
+    gpu_type: str | None,
+    time_limit_min: int,
+    currency: str,
+    now: dt.datetime,
+    tasks: int = 1,
+    preemptible: bool = False,
+) -> None:
+    """402 unless the member's own monthly limit covers this job's worst case beside their month's spend and queued jobs.
+
+    The caller holds the account's budget lock (``lock_budget``), as for the account's own check.
+    """
+    prices = load_prices(session)
+    cost = worst_case(
+        prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now, tasks=tasks, preemptible=preemptible
+    )
+    if cost.amount_nanos is None:
+        raise cost.price_missing or PriceMissing(f"no price for GPU type {gpu_type!r}")
+    spent = member_spent_nanos(session, account, subject, period_of(now))
+    committed = _committed_nanos(session, account, prices, now, owner=subject)
+    left = limit_nanos - spent - committed
+    if cost.amount_nanos > left:
+        raise PaymentRequired(
+            f"this job could cost up to {format_nanos(cost.amount_nanos)} {currency}, but your own monthly limit in "
+            f"account {account} is {format_nanos(limit_nanos)} {currency} and {format_nanos(max(left, 0))} of it is left "
+            "after this month's spend and your queued and running jobs",
+            code="member_budget",
+            limit=format_nanos(limit_nanos),
+            spent_this_month=format_nanos(spent),
+            remaining=format_nanos(max(left, 0)),
+            required=format_nanos(cost.amount_nanos),
             currency=currency,
         )

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.config import Settings
 from gpupool.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
+from gpupool.members import KEY_SCOPES_BY_ROLE, membership_of, require_member
 from gpupool.models.accounts import Account
 from gpupool.models.api_keys import ApiKey
 from gpupool.tokens import Principal
@@ -64,6 +65,12 @@ def create_key(
         raise ValidationFailed(f"name must be 1 to {MAX_NAME_LENGTH} characters")
     if scope not in SCOPES:
         raise ValidationFailed(f"scope must be one of {', '.join(SCOPES)}")
+    if caller.membership is not None and scope not in KEY_SCOPES_BY_ROLE[caller.membership.role]:
+        raise Forbidden(
+            f"a {caller.membership.role} of the account may make keys of scope "
+            f"{', '.join(sorted(KEY_SCOPES_BY_ROLE[caller.membership.role]))} only",
+            code="scope_insufficient",
+        )
     lifetime = settings.api_key_max_days if days is None else days
     if not 0 < lifetime <= settings.api_key_max_days:
         raise ValidationFailed(f"expires_in_days must be 1 to {settings.api_key_max_days}")
@@ -85,14 +92,22 @@ def create_key(
     return NewKey(row=row, secret=f"{PREFIX}{key_id}_{secret}")
 
 
-def list_keys(session: Session, account: str) -> list[ApiKey]:
-    return list(session.scalars(select(ApiKey).where(ApiKey.account == account).order_by(ApiKey.created_at, ApiKey.id)))
+def _manages_all_keys(caller: Principal) -> bool:
+    return caller.is_admin or (caller.membership is not None and caller.membership.role == "admin")
 
 
-def revoke_key(session: Session, account: str, key_id: str, now: dt.datetime) -> None:
+def list_keys(session: Session, caller: Principal) -> list[ApiKey]:
+    """The account's keys for its admins; a member's or viewer's own keys for them."""
+    query = select(ApiKey).where(ApiKey.account == caller.account)
+    if not _manages_all_keys(caller):
+        query = query.where(ApiKey.created_by == caller.sub)
+    return list(session.scalars(query.order_by(ApiKey.created_at, ApiKey.id)))
+
+
+def revoke_key(session: Session, caller: Principal, key_id: str, now: dt.datetime) -> None:
     row = session.get(ApiKey, key_id)
-    # Another account's key reads as absent: ids are not for guessing.
-    if row is None or row.account != account:
+    # Another account's key (or, for a member, another member's) reads as absent: ids are not for guessing.
+    if row is None or row.account != caller.account or not (_manages_all_keys(caller) or row.created_by == caller.sub):
         raise NotFound(f"no key {key_id!r} in this account")
     if row.revoked_at is None:
         row.revoked_at = now
@@ -114,10 +129,12 @@ def principal_for_key(session: Session, token: str, now: dt.datetime) -> Princip
     if row.last_used_at is None or now - row.last_used_at >= LAST_USED_RESOLUTION:
         row.last_used_at = now
         session.commit()
+    # A key acts as the member who made it, with that member's role and limits as they are now.
     return Principal(
         sub=row.created_by, account=row.account, role="customer", jti=f"key:{row.id}",
         expires_at=int(row.expires_at.timestamp()), scope=row.scope,
         templates=tuple(row.templates) if row.templates is not None else None,
+        membership=require_member(membership_of(session, row.account, row.created_by), row.account),
     )
 
 

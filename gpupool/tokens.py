@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.config import Settings
 from gpupool.errors import ConfigError, Conflict, NotFound, Unauthorized
+from gpupool.members import Membership, membership_of, require_member
 from gpupool.models.accounts import ACCOUNT_NAME, Account
 from gpupool.models.tokens import JTI_LENGTH, IssuedToken
 
@@ -46,10 +47,25 @@ class Principal:
     # Set for API keys (gpupool.api_keys): what the key may do, and the templates it may submit (None: any).
     scope: str | None = field(default=None, compare=False)
     templates: tuple[str, ...] | None = field(default=None, compare=False)
+    # The caller's role and limits inside its account (gpupool.members); None for operators,
+    # and for a caller not yet checked, who then sees only its own jobs.
+    membership: Membership | None = field(default=None, compare=False)
 
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+    @property
+    def sees_whole_account(self) -> bool:
+        """True when the caller may see every job of its account, not only its own."""
+        return self.is_admin or (self.membership is not None and self.membership.sees_whole_account)
+
+
+def with_membership(caller: Principal, membership: Membership | None) -> Principal:
+    """The caller with its place in its account, or Forbidden when the account lists members and not it."""
+    if caller.is_admin:
+        return caller
+    return replace(caller, membership=require_member(membership, caller.account))
 
 
 def _read_key(path: str, what: str) -> str:
@@ -200,6 +216,8 @@ class TokenStanding:
     expires_at: int  # Unix seconds, as the token's ``exp`` claim
     revoked: bool
     account_disabled: bool
+    # The subject's place in the account, read with the record (gpupool.members.membership_of).
+    membership: Membership | None = None
 
 
 def read_standing(session: Session, jti: str) -> TokenStanding | None:
@@ -221,6 +239,7 @@ def read_standing(session: Session, jti: str) -> TokenStanding | None:
         expires_at=int(row.expires_at.timestamp()),
         revoked=row.revoked_at is not None,
         account_disabled=row.disabled_at is not None,
+        membership=membership_of(session, row.account, row.subject),
     )
 
 

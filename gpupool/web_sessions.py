@@ -18,6 +18,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from gpupool.config import Settings
+from gpupool.members import membership_of
 from gpupool.models.accounts import Account
 from gpupool.models.tokens import IssuedToken
 from gpupool.models.web_sessions import WebSession
@@ -70,6 +71,7 @@ def read_web_session(db: Session, settings: Settings, session_id: str, now: dt.d
     standing = TokenStanding(
         account=token.account, subject=token.subject, role=token.role, expires_at=expires_at,
         revoked=token.revoked_at is not None, account_disabled=row.disabled_at is not None,
+        membership=membership_of(db, token.account, token.subject),
     )
     return caller, standing
 

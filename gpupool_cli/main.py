@@ -25,6 +25,7 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.runas import exec_lean_helper
 from gpupool.slurm.tenants import ensure_tenant_folder, ensure_tenant_user
 from gpupool_cli.billing_cmds import add_billing_parsers
+from gpupool_cli.member_cmds import add_member_parsers
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
 from gpupool_cli.token_cmds import add_token_parsers
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=cmd_account_list)
     add_billing_parsers(sub, account)
     add_token_parsers(sub, account, _account_name)
+    add_member_parsers(sub, _account_name)
     add_webhook_parsers(sub)
     add_email_parsers(sub)
     add_report_parsers(sub)

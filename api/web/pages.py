@@ -43,6 +43,7 @@ from gpupool.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
+from gpupool.members import WRITERS, require_role
 from gpupool.models import Account, Adjustment, Job, JobSession, LedgerEntry
 from gpupool.render import log_path
 from gpupool.sessions import session_view
@@ -54,6 +55,17 @@ web_data_bp = Blueprint("web_data", __name__, url_prefix="/ui/data")
 
 # Reachable without a session.
 OPEN_PAGES = frozenset({"web.index", "web.signin", "web.static"})
+# Pages that do what an API endpoint does follow that endpoint's roles (gpupool.members);
+# the others only read what every role of the account may read.
+PAGE_RULES = {
+    "web.submit_form": "submit.submit_job",
+    "web.submit_job": "submit.submit_job",
+    "web.invoices": "billing.get_invoice",
+    "web.invoice_csv": "billing.get_invoice",
+    "web.open_session": "sessions.get_session",
+    "web.open_session_by_label": "sessions.get_session",
+    "web_data.job_log_data": "jobs.job_logs",
+}
 CONTENT_SECURITY_POLICY = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 # How much of a log the job page shows before its script follows the rest.
 LOG_TAIL_BYTES = 64 * 1024
@@ -73,7 +85,10 @@ def _gate_pages() -> BaseResponse | None:
         )
     if request.method == "POST":
         check_csrf()
-    if request.endpoint in OPEN_PAGES or g.get("principal") is not None:
+    if request.endpoint in OPEN_PAGES:
+        return None
+    if g.get("principal") is not None:
+        _check_page_role()
         return None
     return redirect(url_for("web.signin", next=request.full_path.rstrip("?")))
 
@@ -82,6 +97,19 @@ def _gate_pages() -> BaseResponse | None:
 def _gate_data() -> None:
     if g.get("principal") is None:
         raise Unauthorized("sign in again: the session has ended", code="session_ended")
+    _check_page_role()
+
+
+def _check_page_role() -> None:
+    membership = principal().membership
+    rule = PAGE_RULES.get(request.endpoint or "")
+    if membership is not None and rule is not None:
+        require_role(membership, rule, "POST" if rule.startswith("submit.") else "GET")
+
+
+def _may_read_logs() -> bool:
+    membership = principal().membership
+    return membership is None or membership.role in WRITERS
 
 
 def _security_headers(response: Response) -> Response:
@@ -213,17 +241,17 @@ def job(job_id: str) -> str:
     view = jobs_api.get_job(job_id).get_json()  # another account's job is the API's 404
     row = db_session().get(Job, view["job_id"])
     assert row is not None
-    stdout, stdout_offset, stdout_problem = _read_log_tail(row, "stdout")
-    stderr, stderr_offset, stderr_problem = _read_log_tail(row, "stderr")
+    logs = []
+    if _may_read_logs():  # a viewer reads the job, not what it printed
+        for stream in ("stdout", "stderr"):
+            text, offset, problem = _read_log_tail(row, stream)
+            logs.append({"stream": stream, "text": text, "offset": offset, "problem": problem})
     return render_template(
         "web/job.html",
         job=view,
         timeline=_timeline(view),
-        session=_session_of_page(view, row),
-        logs=[
-            {"stream": "stdout", "text": stdout, "offset": stdout_offset, "problem": stdout_problem},
-            {"stream": "stderr", "text": stderr, "offset": stderr_offset, "problem": stderr_problem},
-        ],
+        session=_session_of_page(view, row) if _may_read_logs() else None,
+        logs=logs,
     )
 
 

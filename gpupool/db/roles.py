@@ -55,6 +55,8 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     "issued_tokens": {API: READ, BILLING: NONE},
     # Customers create, use (last_used_at) and revoke their own keys through the API.
     "api_keys": {API: READ_WRITE, BILLING: NONE},
+    # Account admins manage their members through the API; the API reads a caller's role and limits.
+    "account_members": {API: READ_WRITE, BILLING: NONE},
     # The web pages' sign-ins: made at sign-in, deleted at sign-out (and once expired).
     "web_sessions": {API: ("SELECT", "INSERT", "DELETE"), BILLING: NONE},
     # Customers register endpoints through the API (a forgotten job's callback goes

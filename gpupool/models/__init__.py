@@ -6,6 +6,7 @@ from gpupool.models.alerts import AlertSent, AlertSettings, EmailOutbox
 from gpupool.models.api_keys import ApiKey
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
+from gpupool.models.members import MEMBER_ROLES, AccountMember
 from gpupool.models.report import NodeCost
 from gpupool.models.sessions import JobSession, SessionGrant
 from gpupool.models.tokens import IssuedToken
@@ -16,6 +17,8 @@ __all__ = [
     "ACCOUNT_NAME",
     "TERMINAL_STATES",
     "Account",
+    "AccountMember",
+    "MEMBER_ROLES",
     "AlertSent",
     "AlertSettings",
     "EmailOutbox",

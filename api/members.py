@@ -1,0 +1,70 @@
+"""``/account/members``: the people inside an account, their roles and their own limits (gpupool.members).
+
+Account admins manage them; an operator token may name any account with ``?account=``.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify
+
+from api.billing import visible_account
+from api.context import app_state, calendar_now, db_session, principal
+from api.schemas import MemberIn, MemberList, MemberOut, json_object, request_body
+from billing.budgets import member_spent_nanos
+from billing.calendar import period_of
+from billing.money import format_nanos, parse_nanos
+from gpupool.db import utcnow
+from gpupool.members import gpus_in_flight, list_members, remove_member, set_member
+from gpupool.models.members import AccountMember
+
+members_bp = Blueprint("members", __name__)
+
+
+def _view(row: AccountMember) -> MemberOut:
+    session = db_session()
+    return MemberOut(
+        subject=row.subject,
+        role=row.role,
+        gpu_limit=row.gpu_limit,
+        monthly_limit=None if row.monthly_limit_nanos is None else format_nanos(row.monthly_limit_nanos),
+        templates=row.templates,
+        gpus_in_flight=gpus_in_flight(session, row.account, row.subject),
+        spent_this_month=format_nanos(member_spent_nanos(session, row.account, row.subject, period_of(calendar_now()))),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+@members_bp.get("/account/members")
+def list_account_members() -> Response:
+    account = visible_account()
+    rows = list_members(db_session(), account)
+    return jsonify(MemberList(members=[_view(row) for row in rows]).model_dump(mode="json"))
+
+
+@members_bp.put("/account/members/<subject>")
+def put_member(subject: str) -> Response:
+    account = visible_account()
+    wanted = request_body(MemberIn, json_object())
+    caller = principal()
+    session = db_session()
+    row = set_member(
+        session, account, subject, role=wanted.role, gpu_limit=wanted.gpu_limit,
+        monthly_limit_nanos=None if wanted.monthly_limit is None else parse_nanos(wanted.monthly_limit, what="monthly_limit"),
+        templates=wanted.templates, known_templates=set(app_state().templates),
+        # An account admin adding the account's first member is enrolled as its admin first; an operator is not a member.
+        enrolling=None if caller.is_admin or caller.account != account else caller.sub,
+        now=utcnow(),
+    )
+    session.commit()
+    return jsonify(_view(row).model_dump(mode="json"))
+
+
+@members_bp.delete("/account/members/<subject>")
+def delete_member(subject: str) -> tuple[str, int]:
+    account = visible_account()
+    session = db_session()
+    remove_member(session, account, subject)
+    session.commit()
+    # Cached token standings carry the old membership until token_check_cache_s passes; keys see it at once.
+    return "", 204
