@@ -10,6 +10,7 @@ import bisect
 import datetime as dt
 from collections.abc import Iterable
 
+from gpupool.clock import utc_text
 from gpupool.errors import PriceMissing
 
 ANY_GPU_TYPE = "*"
@@ -56,7 +57,7 @@ class _Schedule:
                 if index >= 0:
                     return starts, self._nanos[candidate], index
         raise PriceMissing(
-            f"no price for GPU type {gpu_type!r} at {moment:%Y-%m-%dT%H:%M:%SZ}; "
+            f"no price for GPU type {gpu_type!r} at {utc_text(moment)}; "
             f"set one with `gpupool price set {gpu_type} PRICE --from ...` (or a default for '*')",
             gpu_type=gpu_type,
         )

@@ -40,8 +40,8 @@ def set_price(
     last_billed = session.scalar(billed_after)
     if last_billed is not None:
         raise Conflict(
-            f"usage of {gpu_type} up to {last_billed:%Y-%m-%dT%H:%M:%SZ} is already billed; "
-            f"a price change cannot rewrite it, so --from must be {last_billed:%Y-%m-%dT%H:%M:%SZ} or later"
+            f"usage of {gpu_type} up to {utc_text(last_billed)} is already billed; "
+            f"a price change cannot rewrite it, so --from must be {utc_text(last_billed)} or later"
         )
     existing = session.scalars(
         select(Price).where(Price.tier == tier, Price.gpu_type == gpu_type, Price.effective_from == effective_from)

@@ -33,6 +33,7 @@ from sqlalchemy import Row, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.db import database_now, utcnow
 from gpupool.errors import SlurmUnavailable
@@ -514,5 +515,5 @@ class JobStateRefresher:
             last_seen = job.last_seen_at or job.updated_at
             log.warning(
                 "job %s (account %s, Slurm job %s): neither squeue nor sacct has reported it since %s; marked %s",
-                job.id, job.account, job.slurm_job_id, f"{last_seen:%Y-%m-%dT%H:%M:%SZ}", UNKNOWN,
+                job.id, job.account, job.slurm_job_id, utc_text(last_seen), UNKNOWN,
             )

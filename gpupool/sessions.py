@@ -28,6 +28,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from gpupool import joblogs
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, GpupoolError, LogUnavailable
 from gpupool.models.accounts import Account
@@ -318,7 +319,7 @@ def sweep_idle(db: Session, settings: Settings, slurm: SlurmClient, now: dt.date
         if now - since < dt.timedelta(minutes=record.idle_timeout_min):
             continue
         assert job.slurm_job_id is not None
-        log.info("session of job %s (Slurm %s) idle since %s: cancelling it", job.id, job.slurm_job_id, since.isoformat())
+        log.info("session of job %s (Slurm %s) idle since %s: cancelling it", job.id, job.slurm_job_id, utc_text(since))
         try:
             slurm.cancel(job.slurm_job_id, job.account)
         except CommandFailed as exc:

@@ -20,6 +20,7 @@ from billing.price_book import ANY_GPU_TYPE, NORMAL_TIER, SPOT_TIER
 from billing.prices import price_table, set_price
 from billing.sacct import XDMOD_FIELDS
 from gpupool import db
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import GpupoolError, NotFound
 from gpupool.models import Account, Adjustment
@@ -99,7 +100,7 @@ def cmd_billing_run(settings: Settings, args: argparse.Namespace) -> int:
             reports = passes.backfill(sessions, slurm, settings, since, until, on_window=progress)
             progress(None)
             rows = sum(report.ledger_rows for report in reports)
-            print(f"backfilled {since:%Y-%m-%dT%H:%M:%SZ} to {until:%Y-%m-%dT%H:%M:%SZ} in {len(reports)} passes: {rows} ledger rows")
+            print(f"backfilled {utc_text(since)} to {utc_text(until)} in {len(reports)} passes: {rows} ledger rows")
     except GpupoolError as exc:
         print(
             f"gpupool: error: billing pass failed; nothing was written and the mark did not move: {exc.message}",
@@ -171,7 +172,7 @@ def cmd_price_set(settings: Settings, args: argparse.Namespace) -> int:
         set_price(session, args.gpu_type, args.price, effective, args.tier)
     print(
         f"{args.gpu_type} ({args.tier}): {format_nanos(args.price)} {settings.currency} per GPU-second "
-        f"from {effective:%Y-%m-%dT%H:%M:%SZ}"
+        f"from {utc_text(effective)}"
     )
     return 0
 

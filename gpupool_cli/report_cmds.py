@@ -12,6 +12,7 @@ from sqlalchemy import select
 from billing.money import MoneyError, format_nanos, parse_nanos
 from billing.report import build_report, parse_window, report_csv, report_table
 from gpupool import db
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.models import NodeCost
 from gpupool.slurm.client import SlurmClient
@@ -69,7 +70,7 @@ def cmd_node_cost_set(settings: Settings, args: argparse.Namespace) -> int:
         session.add(cost)
     print(
         f"node {args.node}: {format_nanos(args.price)} {settings.currency}, in service since "
-        f"{args.since:%Y-%m-%dT%H:%M:%SZ}, {args.watts} W at {settings.electricity_price_per_kwh} {settings.currency}/kWh"
+        f"{utc_text(args.since)}, {args.watts} W at {settings.electricity_price_per_kwh} {settings.currency}/kWh"
     )
     return 0
 
@@ -78,7 +79,7 @@ def cmd_node_cost_list(settings: Settings, _args: argparse.Namespace) -> int:
     sessions = db.migrated_sessions(settings.database_url)
     with sessions() as session:
         for cost in session.scalars(select(NodeCost).order_by(NodeCost.node)):
-            print(f"{cost.node}\t{format_nanos(cost.purchase_price_nanos)}\t{cost.in_service_since:%Y-%m-%dT%H:%M:%SZ}\t{cost.watts}")
+            print(f"{cost.node}\t{format_nanos(cost.purchase_price_nanos)}\t{utc_text(cost.in_service_since)}\t{cost.watts}")
     return 0
 
 

@@ -11,13 +11,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool import db
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import NotFound
 from gpupool.models import Account, IssuedToken
 from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import issue_token, revoke_token, signing_key
 
-_TIME = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def _existing_account(session: Session, name: str) -> Account:
@@ -57,12 +57,12 @@ def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
             select(IssuedToken).where(IssuedToken.account == args.account).order_by(IssuedToken.issued_at, IssuedToken.jti)
         ).all()
     if account.disabled_at is not None:
-        print(f"account {args.account} is disabled since {account.disabled_at:{_TIME}}: none of its tokens is accepted", file=sys.stderr)
+        print(f"account {args.account} is disabled since {utc_text(account.disabled_at)}: none of its tokens is accepted", file=sys.stderr)
     for token in tokens:
-        revoked = "-" if token.revoked_at is None else f"{token.revoked_at:{_TIME}}"
+        revoked = "-" if token.revoked_at is None else utc_text(token.revoked_at)
         print(
-            f"{token.jti}\tuser={token.subject}\trole={token.role}\tissued={token.issued_at:{_TIME}}"
-            f"\texpires={token.expires_at:{_TIME}}\tstate={_token_state(token, now)}\trevoked={revoked}"
+            f"{token.jti}\tuser={token.subject}\trole={token.role}\tissued={utc_text(token.issued_at)}"
+            f"\texpires={utc_text(token.expires_at)}\tstate={_token_state(token, now)}\trevoked={revoked}"
         )
     return 0
 
@@ -75,7 +75,7 @@ def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
     if newly:
         print(f"token {args.jti} revoked; the API refuses it within {settings.token_check_cache_s:g} s")
     else:
-        print(f"token {args.jti} was already revoked at {revoked_at:{_TIME}}")
+        print(f"token {args.jti} was already revoked at {utc_text(revoked_at)}")
     return 0
 
 
@@ -86,7 +86,7 @@ def cmd_account_disable(settings: Settings, args: argparse.Namespace) -> int:
             account.disabled_at = dt.datetime.now(dt.UTC)
             state = "disabled"
         else:
-            state = f"already disabled since {account.disabled_at:{_TIME}}"
+            state = f"already disabled since {utc_text(account.disabled_at)}"
     # After the commit: from here on no new token check passes, so the queue only shrinks.
     if args.keep_jobs:
         jobs = "its jobs are left in the queue"
