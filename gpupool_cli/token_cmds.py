@@ -19,7 +19,6 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import issue_token, revoke_token, signing_key
 
 
-
 def _existing_account(session: Session, name: str) -> Account:
     account = session.get(Account, name)
     if account is None:

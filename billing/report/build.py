@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from billing.money import format_nanos, parse_nanos
+from billing.report.alerts import alerts_sent
 from billing.report.intervals import gpu_hours
 from billing.report.payback import NodePayback, attribute_to_nodes, payback_figures
 from billing.report.queue_wait import queue_waits, waiting_now_lines
@@ -51,6 +52,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # Full price (normal) and spot: the tier each ledger row was priced at.
     revenue_by_tier: list[dict[str, Any]] = field(default_factory=list)
+    # Spend alerts the billing passes sent in the window (billing.alerts), by account, kind and threshold.
+    alerts_sent: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +76,7 @@ class Report:
             "queue_wait": self.queue_wait,
             "waiting_now": self.waiting_now,
             "payback": self.payback,
+            "alerts_sent": [{**line, "last_sent_at": utc_text(line["last_sent_at"])} for line in self.alerts_sent],
             "notes": self.notes,
         }
 
@@ -96,6 +100,7 @@ def build_report(
 
     ledger = ledger_window(session, since, end)
     adjustments = window_adjustments(session, since, until)
+    alerts = alerts_sent(session, since, until)
     adjustment_nanos = adjustments.pop("_nanos")
 
     cells = utilization_cells(nodes, allocations, events, since, end)
@@ -152,6 +157,7 @@ def build_report(
             for day, sums in sorted(ledger.by_day.items())
         ],
         adjustments=adjustments,
+        alerts_sent=alerts,
         gpu_seconds_sold=ledger.total.gpu_seconds,
         gpu_hours_sold=gpu_hours(ledger.total.gpu_seconds),
         utilization=utilization_line("scope", "cluster", cells.values()),

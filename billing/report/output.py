@@ -86,6 +86,11 @@ def report_table(report: Report) -> str:
             for p in [*payback["nodes"], {"node": "total", **payback["total"]}]
         ] if payback["nodes"] else [],
     )
+    out += _table(
+        "Spend alerts sent",
+        ("account", "kind", "threshold", "sent", "last_sent_at"),
+        [(a["account"], a["kind"], f"{a['threshold']}%", a["sent"], a["last_sent_at"]) for a in data["alerts_sent"]],
+    )
     out += [f"note: {note}" for note in data["notes"]]
     return "\n".join(out) + "\n"
 
@@ -123,6 +128,9 @@ def report_csv(report: Report) -> str:
         rows += [("waiting_now", job["slurm_job_id"], name, job[name]) for name in ("account", "gpus", "gpu_type", "reason", "waiting_s")]
     for line in [*data["payback"]["nodes"], {"node": "total", **data["payback"]["total"]}] if data["payback"]["nodes"] else []:
         rows += [("payback", line["node"], name, value) for name, value in line.items() if name != "node"]
+    for line in data["alerts_sent"]:
+        key = f"{line['account']}:{line['kind']}:{line['threshold']}"
+        rows += [("alerts_sent", key, "sent", line["sent"]), ("alerts_sent", key, "last_sent_at", line["last_sent_at"])]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\r\n")
     writer.writerow(("section", "key", "metric", "value"))

@@ -154,6 +154,14 @@ class ReportPayback(_Model):
     unattributed_revenue: Amount = Field(description="Revenue of runs sacct has no record of: it counts towards no node")
 
 
+class ReportAlertsSent(_Model):
+    account: str
+    kind: str = Field(description="credit (of the prepaid credit) or limit (of the monthly limit)")
+    threshold: int = Field(description="Percent of the credit or limit used")
+    sent: int = Field(description="How many such alerts the window's billing passes sent (one per period at most)")
+    last_sent_at: dt.datetime
+
+
 class ReportOut(_Model):
     """``GET /admin/report``: amounts are exact decimal text; GPU-seconds are integers.
 
@@ -179,4 +187,5 @@ class ReportOut(_Model):
     queue_wait: ReportQueueWait
     waiting_now: list[ReportWaiting]
     payback: ReportPayback
+    alerts_sent: list[ReportAlertsSent] = Field(description="Spend alerts sent in the window (webhook and email each)")
     notes: list[str]

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 from billing import passes
 from billing.alerts import BUDGET_THRESHOLD, fire_alerts, set_alert_settings
+from billing.report.alerts import alerts_sent as report_alerts
 from billing.sacct import SACCT_FIELDS
 from gpupool.email_outbox import send_due
 from gpupool.models import Account, Adjustment, AlertSent, EmailOutbox, WebhookDelivery, WebhookEndpoint, WebhookEvent
@@ -137,6 +138,11 @@ def test_each_threshold_fires_once_with_one_webhook_and_one_email(ledger: Ledger
         account.prepaid_credit_nanos = 2 * CREDIT_NANOS
     bill(ledger, tmp_path, 104, "acme", 1)
     assert [row[:3] for row in fired(ledger, "acme") if row[2] == "credit:2.00"] == [("credit", 50, "credit:2.00")]
+    # The operator report counts them: 50 % twice (once per grant), 80 % and 100 % once.
+    with ledger.sessions() as session:
+        window = (dt.datetime(2000, 1, 1, tzinfo=dt.UTC), dt.datetime(2100, 1, 1, tzinfo=dt.UTC))
+        shown = [(a["account"], a["kind"], a["threshold"], a["sent"]) for a in report_alerts(session, *window)]
+    assert shown == [("acme", "credit", 50, 2), ("acme", "credit", 80, 1), ("acme", "credit", 100, 1)]
 
 
 def test_a_stopped_mail_server_never_holds_a_pass_and_the_email_goes_out_later(ledger: LedgerDb, tmp_path: Path) -> None:

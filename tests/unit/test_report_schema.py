@@ -54,6 +54,11 @@ ADJUSTMENTS = [
     ("acme", "2026-11", "credit", "=sorry", -2_500_000_000, utc("2026-11-02T10:20:00")),
     ("beta", "2026-11", "charge", "setup", 1_005_000_000, utc("2026-11-02T11:20:00")),
 ]
+# (account, kind, threshold, count, last sent): spend alerts of the window's billing passes.
+ALERTS = [
+    ("acme", "credit", 50, 1, utc("2026-11-02T10:31:00")),
+    ("acme", "credit", 80, 1, utc("2026-11-02T10:46:00")),
+]
 NODE_COSTS = [
     SimpleNamespace(node="a", purchase_price_nanos=40_000 * 10**9, in_service_since=utc("2026-10-01T00:00:00"), watts=2330),
     SimpleNamespace(node="b", purchase_price_nanos=100 * 10**9, in_service_since=utc("2026-11-02T09:00:00"), watts=900),
@@ -72,8 +77,8 @@ class FakeSession:
     def connection(self) -> SimpleNamespace:
         return SimpleNamespace(execute=lambda _query, execution_options=None: list(LEDGER))
 
-    def execute(self, _query: Any) -> list[tuple[Any, ...]]:
-        return list(ADJUSTMENTS)
+    def execute(self, query: Any) -> list[tuple[Any, ...]]:
+        return list(ALERTS) if "alerts_sent" in str(query) else list(ADJUSTMENTS)
 
 
 class FakeSlurm:
