@@ -174,8 +174,11 @@ def test_thresholds_endpoint_validates_and_shows_only_the_callers_account(ledger
     answer = client.get("/account/alerts", headers=acme)
     assert answer.status_code == 200
     assert answer.get_json() == {
-        "account": "acme", "thresholds": [50, 80, 100],
-        "budgets": [{"kind": "credit", "period": "credit:1.00", "used": "0.60", "total": "1.00", "currency": ledger.settings.currency, "fired": [50]}],
+        "account": "acme", "thresholds": [50, 80, 100], "forecast_hours": None,
+        "budgets": [{
+            "kind": "credit", "period": "credit:1.00", "used": "0.60", "total": "1.00", "currency": ledger.settings.currency, "fired": [50],
+            "rate_per_hour": "0.00", "hours_left": None, "forecast_fired": False,
+        }],
     }
     for bad in ([0], [101], [50.5], ["50"], list(range(1, 13)), [], "50,80", None):
         refused = client.put("/account/alerts", json={"thresholds": bad}, headers=acme)
