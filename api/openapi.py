@@ -11,10 +11,15 @@ from api.jobs import MAX_LOG_LINES, MAX_LOG_OFFSET, MAX_PAGE
 from api.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
     JOB_STATES,
+    AlertsIn,
+    AlertsOut,
     DeliveryList,
     ErrorOut,
     JobList,
     JobOut,
+    KeyCreate,
+    KeyCreated,
+    KeyList,
     MemberIn,
     MemberList,
     MemberOut,
@@ -40,34 +45,6 @@ _REF = "#/components/schemas/{model}"
 _DEFAULT_LOG_READ_KIB = Settings.log_read_max_bytes // 1024
 
 
-
-_ALERTS_IN: dict[str, Any] = {
-    "type": "object",
-    "required": ["thresholds"],
-    "additionalProperties": False,
-    "properties": {"thresholds": {"type": "array", "minItems": 1, "maxItems": 10, "items": {"type": "integer", "minimum": 1, "maximum": 100}}},
-}
-_ALERTS_OUT: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "account": {"type": "string"},
-        "thresholds": {"type": "array", "items": {"type": "integer"}},
-        "budgets": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "kind": {"type": "string", "enum": ["credit", "limit"]},
-                    "period": {"type": "string", "description": "The month (limit), or credit:<total> (credit)"},
-                    "used": {"type": "string"},
-                    "total": {"type": "string"},
-                    "currency": {"type": "string"},
-                    "fired": {"type": "array", "items": {"type": "integer"}},
-                },
-            },
-        },
-    },
-}
 
 def _schemas(*models: type[BaseModel]) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -144,39 +121,18 @@ def _webhook_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
-_KEY_VIEW: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"}, "name": {"type": "string"}, "scope": {"enum": ["read", "submit", "admin"]},
-        "templates": {"type": ["array", "null"], "items": {"type": "string"}},
-        "created_at": {"type": "string", "format": "date-time"}, "expires_at": {"type": "string", "format": "date-time"},
-        "last_used_at": {"type": ["string", "null"], "format": "date-time"}, "revoked": {"type": "boolean"},
-    },
-}
-
-
 def _key_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
     """``/keys``: API keys a customer creates for its own account (api.keys)."""
-    create_body = {
-        "type": "object",
-        "required": ["name"],
-        "properties": {
-            "name": {"type": "string", "maxLength": 64}, "scope": {"enum": ["read", "submit", "admin"], "default": "read"},
-            "expires_in_days": {"type": "integer", "minimum": 1, "description": "default and ceiling: the operator's api_key_max_days"},
-            "templates": {"type": "array", "items": {"type": "string"}, "description": "the only templates the key may submit"},
-        },
-    }
-    created = {"allOf": [_KEY_VIEW, {"type": "object", "properties": {"key": {"type": "string", "description": "the bearer secret, shown only here"}}}]}
     return {
         "/keys": {
             "post": {
                 "summary": "Create an API key; its secret is in this answer only",
-                "requestBody": {"required": True, "content": {"application/json": {"schema": create_body}}},
-                "responses": {"201": {"description": "Created", "content": {"application/json": {"schema": created}}}, **_errors(400, 403, 422, *auth_errors)},
+                "requestBody": {"required": True, "content": _json("KeyCreate")},
+                "responses": {"201": {"description": "Created", "content": _json("KeyCreated")}, **_errors(400, 403, 415, 422, *auth_errors)},
             },
             "get": {
                 "summary": "The account's API keys (without secrets)",
-                "responses": {"200": {"description": "Keys", "content": {"application/json": {"schema": {"type": "object", "properties": {"keys": {"type": "array", "items": _KEY_VIEW}}}}}}, **_errors(403, *auth_errors)},
+                "responses": {"200": {"description": "Keys", "content": _json("KeyList")}, **_errors(403, *auth_errors)},
             },
         },
         "/keys/{key_id}": {
@@ -256,6 +212,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
         WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut, TaskList, TaskOut, ReportOut,
         MemberIn, MemberOut, MemberList,
+        KeyCreate, KeyCreated, KeyList, AlertsIn, AlertsOut,
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
@@ -426,13 +383,13 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                 "get": {
                     "summary": "Spend-alert thresholds, each budget's figures and the thresholds fired this period",
                     "parameters": [account_param],
-                    "responses": {"200": {"description": "Alerts", "content": {"application/json": {"schema": _ALERTS_OUT}}}, **_errors(404, *auth_errors)},
+                    "responses": {"200": {"description": "Alerts", "content": _json("AlertsOut")}, **_errors(404, *auth_errors)},
                 },
                 "put": {
-                    "summary": "Set the account's spend-alert thresholds (percentages 1-100 of its credit / monthly limit, at most 10)",
+                    "summary": "Set the account's spend-alert thresholds (percentages 1-100 of its credit / monthly limit, at most 10) and run-out forecast",
                     "parameters": [account_param],
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": _ALERTS_IN}}},
-                    "responses": {"200": {"description": "Alerts", "content": {"application/json": {"schema": _ALERTS_OUT}}}, **_errors(400, 404, 415, 422, *auth_errors)},
+                    "requestBody": {"required": True, "content": _json("AlertsIn")},
+                    "responses": {"200": {"description": "Alerts", "content": _json("AlertsOut")}, **_errors(400, 404, 415, 422, *auth_errors)},
                 },
             },
             "/templates": {

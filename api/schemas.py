@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 from flask import request
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from billing.alerts import MAX_FORECAST_HOURS, MAX_THRESHOLDS, check_thresholds
+from gpupool.api_keys import MAX_NAME_LENGTH as MAX_KEY_NAME_LENGTH
 from gpupool.errors import BadRequest, UnknownFields, UnsupportedMediaType, ValidationFailed
 from gpupool.models import TERMINAL_STATES
 from gpupool.models.jobs import UNKNOWN
@@ -276,11 +278,11 @@ class SubmitOut(JobOut):
     )
 
 
-WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "budget.threshold"]
+WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "budget.threshold", "budget.forecast"]
 
 
 def _every_event_type() -> list[WebhookEventType]:
-    return ["job.started", "job.ended", "job.preempted", "budget.threshold"]
+    return ["job.started", "job.ended", "job.preempted", "budget.threshold", "budget.forecast"]
 
 
 class WebhookCreate(BaseModel):
@@ -320,7 +322,7 @@ class DeliveryAttemptOut(BaseModel):
 class DeliveryOut(BaseModel):
     event_id: str = Field(description="Deduplicate on this: a delivery may arrive more than once.")
     event_type: str
-    job_id: str | None = Field(default=None, description="None for an account-level event (budget.threshold)")
+    job_id: str | None = Field(default=None, description="None for an account-level event (budget.threshold, budget.forecast)")
     state: str = Field(description="pending, delivered, failed (retried for 24 h) or cancelled (endpoint deleted)")
     attempts: list[DeliveryAttemptOut]
     next_attempt_at: dt.datetime | None
@@ -361,3 +363,88 @@ class MemberOut(BaseModel):
 
 class MemberList(BaseModel):
     members: list[MemberOut] = Field(description="Empty: the account has no members, and each of its tokens acts as its admin")
+KeyScope = Literal["read", "submit", "admin"]
+
+
+class KeyCreate(BaseModel):
+    """Body of ``POST /keys``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[str, AfterValidator(_single_line), Field(min_length=1, max_length=MAX_KEY_NAME_LENGTH)]
+    scope: KeyScope = Field(default="read", description="read: GET only; submit: also submit and cancel; admin: also manage keys.")
+    expires_in_days: int | None = Field(default=None, ge=1, description="Default and ceiling: the operator's api_key_max_days.")
+    templates: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(min_length=1)] | None = Field(
+        default=None, description="The only templates the key may submit (default: all its creator may)."
+    )
+
+
+class KeyOut(BaseModel):
+    id: str
+    name: str
+    scope: KeyScope
+    templates: list[str] | None
+    created_at: str = Field(description="UTC, e.g. 2026-12-02T18:56:03Z", json_schema_extra={"format": "date-time"})
+    expires_at: str = Field(description="UTC", json_schema_extra={"format": "date-time"})
+    last_used_at: str | None = Field(
+        description="UTC, to the minute; null before the key's first request.", json_schema_extra={"format": "date-time"}
+    )
+    revoked: bool
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="The bearer secret, shown in this answer only.")
+
+
+class KeyList(BaseModel):
+    keys: list[KeyOut]
+
+
+def _thresholds(values: list[int]) -> list[int]:
+    return list(check_thresholds(values))
+
+
+class AlertsIn(BaseModel):
+    """Body of ``PUT /account/alerts``: a field left out keeps its value."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    thresholds: Annotated[
+        list[Annotated[int, Field(ge=1, le=100)]], Field(min_length=1, max_length=MAX_THRESHOLDS), AfterValidator(_thresholds)
+    ] | None = Field(
+        default=None,
+        description="Percentages of the prepaid credit / monthly limit used, e.g. [50, 80, 100]; each fires once per period.",
+        examples=[[50, 80, 100]],
+    )
+    forecast_hours: Annotated[int, Field(ge=1, le=MAX_FORECAST_HOURS)] | None = Field(
+        default=None,
+        description="Alert (budget.forecast) when, at the last 24 hours' spend rate, what is left lasts fewer than this "
+        "many hours; null turns the forecast off.",
+        examples=[48],
+    )
+
+    @field_validator("thresholds", mode="before")
+    @classmethod
+    def _not_null(cls, value: object) -> object:
+        if value is None:
+            raise ValueError("give a list of whole percentages, e.g. [50, 80, 100], or leave thresholds out")
+        return value
+
+
+class AlertBudget(BaseModel):
+    kind: Literal["credit", "limit"]
+    period: str = Field(description="The month (limit), or credit:<total> (credit): a top-up re-arms every alert.")
+    used: str
+    total: str
+    currency: str
+    fired: list[int] = Field(description="Thresholds fired this period.")
+    rate_per_hour: str = Field(description="The last 24 hours' spend, per hour.")
+    hours_left: str | None = Field(description="What is left at that rate, in hours; null when nothing was spent.")
+    forecast_fired: bool = Field(description="The forecast alert has fired this period.")
+
+
+class AlertsOut(BaseModel):
+    account: str
+    thresholds: list[int]
+    forecast_hours: int | None = Field(description="Null: no forecast alert.")
+    budgets: list[AlertBudget]

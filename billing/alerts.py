@@ -14,6 +14,14 @@ that wants it, and an email in ``email_outbox`` when the operator has an
 SMTP server and the account a recipient. Nothing is sent here: the webhook
 sender and ``gpupool email send-due`` deliver later, so a slow receiver or
 mail server never slows a pass.
+
+The run-out forecast (``forecast_hours``, off unless the account sets it)
+fires ``budget.forecast`` once per period of each budget when, at the last
+24 hours' spend rate (ledger charges pro-rated to the part of their usage
+interval inside the window), what is left of the budget lasts fewer than
+that many hours. It is an ``alerts_sent`` row of kind ``forecast`` whose
+threshold is the hours asked for, so the same unique key keeps it to once.
+A budget already used up gets no forecast: its 100% threshold says so.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from gpupool.models import (
     AlertSent,
     AlertSettings,
     EmailOutbox,
+    LedgerEntry,
     WebhookDelivery,
     WebhookEndpoint,
     WebhookEvent,
@@ -45,9 +54,13 @@ from gpupool.models.alerts import DEFAULT_THRESHOLDS, EMAIL_PENDING
 from gpupool.models.webhooks import PENDING
 
 BUDGET_THRESHOLD = "budget.threshold"
+BUDGET_FORECAST = "budget.forecast"
 CREDIT = "credit"
 LIMIT = "limit"
+FORECAST = "forecast"  # alerts_sent.kind of a run-out forecast
 MAX_THRESHOLDS = 10
+MAX_FORECAST_HOURS = 24 * 90
+RATE_WINDOW = dt.timedelta(hours=24)
 
 
 def parse_thresholds(text: str) -> tuple[int, ...]:
@@ -77,6 +90,54 @@ def thresholds_of(session: Session, account: str) -> tuple[tuple[int, ...], str 
     return parse_thresholds(row.thresholds), row.email
 
 
+def forecast_hours_of(session: Session, account: str) -> int | None:
+    row = session.get(AlertSettings, account)
+    return row.forecast_hours if row is not None else None
+
+
+def window_spend_nanos(session: Session, account: str, now: dt.datetime) -> int:
+    """Ledger charges for usage in the ``RATE_WINDOW`` before ``now``, each pro-rated to its part inside it."""
+    start = now - RATE_WINDOW
+    rows = session.execute(
+        select(LedgerEntry.amount_nanos, LedgerEntry.interval_from, LedgerEntry.interval_to).where(
+            LedgerEntry.account == account, LedgerEntry.interval_to > start, LedgerEntry.interval_from < now
+        )
+    )
+    total = 0
+    for amount, begin, end in rows:
+        length = (end - begin).total_seconds()
+        inside = (min(end, now) - max(begin, start)).total_seconds()
+        total += amount if length <= 0 else int(amount * inside // length)
+    return total
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The last 24 hours' spend rate and what it leaves of one budget."""
+
+    window_nanos: int  # spend in the window: the rate is this per RATE_WINDOW
+    remaining_nanos: int
+
+    @property
+    def rate_per_hour_nanos(self) -> int:
+        return self.window_nanos * 3600 // int(RATE_WINDOW.total_seconds())
+
+    @property
+    def hours_left(self) -> float | None:
+        if self.window_nanos <= 0:
+            return None
+        return max(self.remaining_nanos, 0) * RATE_WINDOW.total_seconds() / 3600 / self.window_nanos
+
+    def hours_left_text(self) -> str | None:
+        hours = self.hours_left
+        return None if hours is None else f"{hours:.1f}"
+
+    def runs_out_within(self, hours: int) -> bool:
+        """Fewer than ``hours`` left at this rate (in exact integers), with something still left."""
+        window_hours = int(RATE_WINDOW.total_seconds()) // 3600
+        return self.window_nanos > 0 and 0 < self.remaining_nanos and self.remaining_nanos * window_hours < hours * self.window_nanos
+
+
 @dataclass(frozen=True)
 class Crossing:
     account: str
@@ -85,9 +146,19 @@ class Crossing:
     period_key: str
     used_nanos: int
     total_nanos: int
+    forecast: Forecast | None = None  # a run-out forecast: threshold is then its hours
+
+    @property
+    def sent_kind(self) -> str:
+        """``alerts_sent.kind``: the budget's kind, or ``forecast``."""
+        return FORECAST if self.forecast is not None else self.kind
+
+    @property
+    def event_type(self) -> str:
+        return BUDGET_FORECAST if self.forecast is not None else BUDGET_THRESHOLD
 
     def payload_data(self, currency: str) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "account": self.account,
             "kind": self.kind,
             "threshold": self.threshold,
@@ -96,6 +167,13 @@ class Crossing:
             "currency": currency,
             "period": self.period_key,
         }
+        if self.forecast is not None:
+            del data["threshold"]
+            data["forecast_hours"] = self.threshold
+            data["remaining"] = format_nanos(self.forecast.remaining_nanos)
+            data["rate_per_hour"] = format_nanos(self.forecast.rate_per_hour_nanos)
+            data["hours_left"] = self.forecast.hours_left_text()
+        return data
 
 
 def period_keys(session: Session, account: str, now: dt.datetime) -> dict[str, tuple[str, int, int]]:
@@ -111,10 +189,22 @@ def period_keys(session: Session, account: str, now: dt.datetime) -> dict[str, t
 
 
 def crossings(session: Session, account: str, now: dt.datetime) -> list[Crossing]:
-    """Thresholds the account's spend has reached that have not fired in their period yet."""
+    """Thresholds the account's spend has reached, and its forecast, that have not fired in their period yet."""
     thresholds, _ = thresholds_of(session, account)
+    hours = forecast_hours_of(session, account)
     found: list[Crossing] = []
-    for kind, (key, used, total) in period_keys(session, account, now).items():
+    budgets = period_keys(session, account, now)
+    if hours is not None and budgets:
+        window = window_spend_nanos(session, account, now)
+        for kind, (key, used, total) in budgets.items():
+            forecast = Forecast(window, total - used)
+            if forecast.runs_out_within(hours) and session.scalar(
+                select(AlertSent.id).where(
+                    AlertSent.account == account, AlertSent.kind == FORECAST, AlertSent.threshold == hours, AlertSent.period_key == key
+                )
+            ) is None:
+                found.append(Crossing(account, kind, hours, key, used, total, forecast))
+    for kind, (key, used, total) in budgets.items():
         fired = set(
             session.scalars(
                 select(AlertSent.threshold).where(AlertSent.account == account, AlertSent.kind == kind, AlertSent.period_key == key)
@@ -131,6 +221,16 @@ def crossings(session: Session, account: str, now: dt.datetime) -> list[Crossing
 def email_text(crossing: Crossing, currency: str) -> tuple[str, str]:
     """Subject and body of the alert's email: plain figures, the account's name as data."""
     what = "prepaid credit" if crossing.kind == CREDIT else f"monthly limit for {crossing.period_key}"
+    if crossing.forecast is not None:
+        forecast = crossing.forecast
+        subject = f"gpupool: account {crossing.account} runs out of its {what} in about {forecast.hours_left_text()} hours"
+        body = (
+            f"Account {crossing.account} has spent {format_nanos(forecast.rate_per_hour_nanos)} {currency} per hour "
+            f"over the last 24 hours. At that rate the {format_nanos(forecast.remaining_nanos)} {currency} left "
+            f"of its {what} of {format_nanos(crossing.total_nanos)} {currency} lasts about "
+            f"{forecast.hours_left_text()} hours (alert below {crossing.threshold} hours).\n"
+        )
+        return subject, body
     subject = f"gpupool: account {crossing.account} has used {crossing.threshold}% of its {what}"
     body = (
         f"Account {crossing.account} has used {format_nanos(crossing.used_nanos)} {currency} "
@@ -164,17 +264,18 @@ def fire_alerts(session: Session, settings: Settings, accounts: Iterable[str], n
                     WebhookEndpoint.account == account, WebhookEndpoint.deleted_at.is_(None), WebhookEndpoint.job_id.is_(None)
                 )
             )
-            if endpoint.wants(BUDGET_THRESHOLD)
+            if endpoint.wants(BUDGET_THRESHOLD) or endpoint.wants(BUDGET_FORECAST)
         ]
         for crossing in found:
             session.add(
                 AlertSent(
-                    account=account, kind=crossing.kind, threshold=crossing.threshold, period_key=crossing.period_key,
+                    account=account, kind=crossing.sent_kind, threshold=crossing.threshold, period_key=crossing.period_key,
                     used_nanos=crossing.used_nanos, total_nanos=crossing.total_nanos, billing_pass_id=pass_id, created_at=now,
                 )
             )
-            if endpoints:
-                _enqueue_event(session, crossing, endpoints, settings.currency, now)
+            wanting = [endpoint for endpoint in endpoints if endpoint.wants(crossing.event_type)]
+            if wanting:
+                _enqueue_event(session, crossing, wanting, settings.currency, now)
             if settings.smtp_host and email:
                 subject, body = email_text(crossing, settings.currency)
                 session.add(
@@ -192,11 +293,13 @@ def _enqueue_event(session: Session, crossing: Crossing, endpoints: list[Webhook
     event_id = f"evt_{uuid.uuid4().hex}"
     payload = {
         "id": event_id,
-        "type": BUDGET_THRESHOLD,
+        "type": crossing.event_type,
         "created_at": utc_text(now, timespec="auto"),
         "data": {"alert": crossing.payload_data(currency)},
     }
-    session.add(WebhookEvent(id=event_id, account=crossing.account, job_id=None, type=BUDGET_THRESHOLD, payload=payload, created_at=now))
+    session.add(
+        WebhookEvent(id=event_id, account=crossing.account, job_id=None, type=crossing.event_type, payload=payload, created_at=now)
+    )
     session.flush()  # the event before its deliveries' foreign key
     session.add_all(
         WebhookDelivery(event_id=event_id, endpoint_id=endpoint.id, state=PENDING, attempts=0, next_attempt_at=now)
@@ -204,10 +307,14 @@ def _enqueue_event(session: Session, crossing: Crossing, endpoints: list[Webhook
     )
 
 
+_KEEP: Any = object()
+
+
 def set_alert_settings(
-    session: Session, account: str, thresholds: tuple[int, ...] | None, email: str | None, now: dt.datetime
+    session: Session, account: str, thresholds: tuple[int, ...] | None, email: str | None, now: dt.datetime,
+    forecast_hours: int | None = _KEEP,
 ) -> AlertSettings:
-    """Store the account's thresholds and/or recipient (``"none"``: no email), in the caller's transaction."""
+    """Store the account's thresholds, recipient (``"none"``: no email) and/or forecast hours (None: off), in the caller's transaction."""
     row = session.get(AlertSettings, account)
     if row is None:
         row = AlertSettings(account=account, thresholds=",".join(map(str, DEFAULT_THRESHOLDS)), email=None, updated_at=now)
@@ -216,13 +323,19 @@ def set_alert_settings(
         row.thresholds = ",".join(map(str, check_thresholds(thresholds)))
     if email is not None:
         row.email = None if email.lower() == "none" else email
+    if forecast_hours is not _KEEP:
+        if forecast_hours is not None and not 1 <= forecast_hours <= MAX_FORECAST_HOURS:
+            raise ValueError(f"forecast_hours is 1 to {MAX_FORECAST_HOURS}")
+        row.forecast_hours = forecast_hours
     row.updated_at = now
     return row
 
 
 def alert_status(session: Session, account: str, now: dt.datetime, currency: str) -> dict[str, Any]:
-    """What ``GET /account/alerts`` answers: the thresholds, each budget's figures and which fired this period."""
+    """What ``GET /account/alerts`` answers: the settings, each budget's figures and forecast, and what fired this period."""
     thresholds, _ = thresholds_of(session, account)
+    hours = forecast_hours_of(session, account)
+    window = window_spend_nanos(session, account, now)
     budgets = []
     for kind, (key, used, total) in period_keys(session, account, now).items():
         fired = session.scalars(
@@ -230,7 +343,17 @@ def alert_status(session: Session, account: str, now: dt.datetime, currency: str
             .where(AlertSent.account == account, AlertSent.kind == kind, AlertSent.period_key == key)
             .order_by(AlertSent.threshold)
         ).all()
+        forecast = Forecast(window, total - used)
+        forecast_fired = hours is not None and session.scalar(
+            select(AlertSent.id).where(
+                AlertSent.account == account, AlertSent.kind == FORECAST, AlertSent.threshold == hours, AlertSent.period_key == key
+            )
+        ) is not None
         budgets.append(
-            {"kind": kind, "period": key, "used": format_nanos(used), "total": format_nanos(total), "currency": currency, "fired": list(fired)}
+            {
+                "kind": kind, "period": key, "used": format_nanos(used), "total": format_nanos(total), "currency": currency,
+                "fired": list(fired), "rate_per_hour": format_nanos(forecast.rate_per_hour_nanos),
+                "hours_left": forecast.hours_left_text(), "forecast_fired": forecast_fired,
+            }
         )
-    return {"account": account, "thresholds": list(thresholds), "budgets": budgets}
+    return {"account": account, "thresholds": list(thresholds), "forecast_hours": hours, "budgets": budgets}

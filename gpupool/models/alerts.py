@@ -27,6 +27,8 @@ class AlertSettings(Base):
     # Percentages of the credit / limit consumed, comma-separated, ascending.
     thresholds: Mapped[str] = mapped_column(String(64))
     email: Mapped[str | None] = mapped_column(String(254))
+    # Run-out forecast: alert when, at the last 24 hours' rate, the budget lasts fewer hours. None: off.
+    forecast_hours: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
 
 
@@ -38,7 +40,7 @@ class AlertSent(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     account: Mapped[str] = mapped_column(ForeignKey("accounts.name"))
-    kind: Mapped[str] = mapped_column(String(16))  # "credit" or "limit"
+    kind: Mapped[str] = mapped_column(String(16))  # "credit", "limit" or "forecast" (threshold: its hours)
     threshold: Mapped[int] = mapped_column(Integer)
     period_key: Mapped[str] = mapped_column(String(64))
     used_nanos: Mapped[int] = mapped_column(BigInteger)

@@ -105,3 +105,13 @@ def test_a_key_sees_and_revokes_only_its_own_account(
     assert client.delete(f"/keys/{theirs['id']}", headers=mine).status_code == 404
     assert [k["id"] for k in client.get("/keys", headers=mine).get_json()["keys"]] != [theirs["id"]]
     assert client.get("/jobs", headers=mine).get_json()["jobs"] == []
+
+
+def test_a_key_body_must_be_json_and_valid(client: FlaskClient, auth: dict[str, str]) -> None:
+    as_form = client.post("/keys", headers=auth, data="name=ci")
+    assert as_form.status_code == 415
+    assert as_form.get_json()["error"] == "unsupported_media_type"
+    bad_scope = client.post("/keys", headers=auth, json={"name": "ci", "scope": "root"})
+    assert bad_scope.status_code == 422
+    assert bad_scope.get_json()["error"] == "validation_failed" and "scope" in bad_scope.get_json()["message"]
+    assert make_key(client, auth)["created_at"].endswith("Z")

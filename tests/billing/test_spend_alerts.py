@@ -18,7 +18,7 @@ from aiosmtpd.controller import Controller
 from sqlalchemy import func, select
 
 from billing import passes
-from billing.alerts import BUDGET_THRESHOLD, fire_alerts, set_alert_settings
+from billing.alerts import BUDGET_FORECAST, BUDGET_THRESHOLD, fire_alerts, set_alert_settings
 from billing.report.alerts import alerts_sent as report_alerts
 from billing.sacct import SACCT_FIELDS
 from gpupool.email_outbox import send_due
@@ -180,8 +180,11 @@ def test_thresholds_endpoint_validates_and_shows_only_the_callers_account(ledger
     answer = client.get("/account/alerts", headers=acme)
     assert answer.status_code == 200
     assert answer.get_json() == {
-        "account": "acme", "thresholds": [50, 80, 100],
-        "budgets": [{"kind": "credit", "period": "credit:1.00", "used": "0.60", "total": "1.00", "currency": ledger.settings.currency, "fired": [50]}],
+        "account": "acme", "thresholds": [50, 80, 100], "forecast_hours": None,
+        "budgets": [{
+            "kind": "credit", "period": "credit:1.00", "used": "0.60", "total": "1.00", "currency": ledger.settings.currency, "fired": [50],
+            "rate_per_hour": "0.00", "hours_left": None, "forecast_fired": False,
+        }],
     }
     for bad in ([0], [101], [50.5], ["50"], list(range(1, 13)), [], "50,80", None):
         refused = client.put("/account/alerts", json={"thresholds": bad}, headers=acme)
@@ -212,3 +215,28 @@ def test_a_monthly_limit_fires_once_a_month(ledger: LedgerDb) -> None:
     assert fired(ledger, "limited") == [("limit", 50, "2026-10", 850_000_000, CREDIT_NANOS), ("limit", 80, "2026-10", 850_000_000, CREDIT_NANOS)]
     with ledger.sessions() as session, session.begin():
         assert fire_alerts(session, ledger.settings, ["limited"], dt.datetime(2026, 11, 2, tzinfo=dt.UTC)) == 0
+
+
+def test_a_run_out_forecast_fires_once_when_the_last_days_rate_empties_the_credit_in_time(ledger: LedgerDb, tmp_path: Path) -> None:
+    add_customer(ledger, "acme")
+    with ledger.sessions() as session, session.begin():
+        set_alert_settings(session, "acme", (100,), None, dt.datetime.now(dt.UTC), forecast_hours=100)
+        endpoint = session.get(WebhookEndpoint, "ep-acme")
+        assert endpoint is not None
+        endpoint.events = f"{BUDGET_THRESHOLD},{BUDGET_FORECAST}"
+    bill(ledger, tmp_path, 101, "acme", 2000)  # 0.24 of 1.00, from 2026-10-02T00:00:00
+    assert fired(ledger, "acme") == []  # billed now, long after the run: no spend in the last 24 hours
+    # An hour after the run: 0.24 a day, so the 0.76 left lasts 76 hours, within 100.
+    after_run = dt.datetime(2026, 10, 2, 1, 33, 20, tzinfo=dt.UTC)
+    for _ in range(2):  # a rerun fires nothing again
+        with ledger.sessions() as session, session.begin():
+            fire_alerts(session, ledger.settings, ["acme"], after_run)
+    assert [row[:2] for row in fired(ledger, "acme")] == [("forecast", 100)]
+    assert counts(ledger, "acme") == (1, 1)
+    with ledger.sessions() as session:
+        (payload,) = [e.payload for e in session.scalars(select(WebhookEvent))]
+        (email,) = session.scalars(select(EmailOutbox)).all()
+    assert payload["type"] == BUDGET_FORECAST
+    alert = payload["data"]["alert"]
+    assert (alert["remaining"], alert["rate_per_hour"], alert["hours_left"], alert["forecast_hours"]) == ("0.76", "0.01", "76.0", 100)
+    assert "about 76.0 hours" in email.subject
