@@ -114,3 +114,21 @@ def section_blocks(heading: str, language: str) -> list[str]:
     section = text[text.index(heading):]
     section = section[:section.index("\n## ", 4)]
     return re.findall(rf"```{language}\n(.*?)```", section, re.DOTALL)
+
+
+def test_the_teams_section_runs_as_written(
+    start_server: Callable[..., Server], live_settings: Settings, slurm_account: str, tmp_path: Path
+) -> None:
+    server = start_server()
+    subject = f"tour-{secrets.token_hex(3)}"
+    token = recorded_token(live_settings, slurm_account, sub=subject)
+    (curls,) = section_blocks("## Teams: members, keys and spend alerts", "sh")
+    fail_on_http_errors = "set -euo pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n"
+    # Its own members, which other tests of this account must not see: taken out again below.
+    undo = f'\ncurl -s -X DELETE "$GPUPOOL_URL/account/members/bob" -H "$H"; curl -s -X DELETE "$GPUPOOL_URL/account/members/{subject}" -H "$H"\n'
+    ran = run_block(fail_on_http_errors + curls + undo, ["/bin/bash", "-c"], server, token, tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    member, key, alerts = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")][:3]
+    assert (member["subject"], member["role"], member["gpu_limit"], member["monthly_limit"]) == ("bob", "member", 2, "250.00"), member
+    assert key["key"].startswith(f"gpk_{key['id']}_") and key["scope"] == "submit", key
+    assert alerts["thresholds"] == [50, 80, 100] and alerts["forecast_hours"] == 48, alerts
