@@ -27,7 +27,7 @@ import pytest
 
 from gpupool.slurm.detail import GpusHeldOnNode, RunningJob, gpu_indices, parse_index_list, parse_running_jobs
 from gpupool.slurm.parse import ParseError
-from gpupool_cli.gpu_metrics import (
+from gpupool.gpu_usage.exporter import (
     GpuReading,
     MetricsParseError,
     NodeMetrics,
