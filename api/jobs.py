@@ -18,6 +18,8 @@ from api.metrics import JOBS_SUBMITTED
 from api.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
     JOB_STATES,
+    GpuSeriesOut,
+    GpuUsageOut,
     JobOut,
     QuoteDetail,
     QuoteOut,
@@ -37,6 +39,7 @@ from gpupool.errors import (
     Conflict,
     NotFound,
 )
+from gpupool.gpu_usage.idle import recent_usage
 from gpupool.jobstate import NOT_REPORTED, SUBMISSION_LOST
 from gpupool.models import Account, Job, JobTask
 from gpupool.models.jobs import SUBMITTING
@@ -65,8 +68,17 @@ def _array_view(job: Job) -> TaskCounts | None:
     )
 
 
+def usage_view(job: Job) -> GpuUsageOut:
+    return GpuUsageOut(
+        idle_since=job.idle_since,
+        idle_notified_at=job.idle_notified_at,
+        idle_cancelled_at=job.idle_cancelled_at,
+        gpus=[GpuSeriesOut.model_validate(series) for series in recent_usage(db_session(), job)],
+    )
+
+
 def job_view(
-    job: Job, now: dt.datetime | None = None, *, queue_position: int | None = None
+    job: Job, now: dt.datetime | None = None, *, queue_position: int | None = None, usage: GpuUsageOut | None = None
 ) -> dict[str, Any]:
     state_word = job.state
     reason = job.reason
@@ -105,7 +117,8 @@ def job_view(
         array=_array_view(job),
         preemptible=job.preemptible,
         run_count=job.run_count,
-    ).model_dump(mode="json")
+        gpu_usage=usage,
+    ).model_dump(mode="json", exclude_none=False)
 
 
 def _is_session(job: Job) -> bool:
@@ -242,7 +255,7 @@ def _queue_position(session: Session, job: Job) -> int | None:
 def get_job(job_id: str) -> Response:
     job = _visible_job(job_id)
     _refresh_if_unfinished(job)
-    return jsonify(job_view(job, queue_position=_queue_position(db_session(), job)))
+    return jsonify(job_view(job, queue_position=_queue_position(db_session(), job), usage=usage_view(job)))
 
 
 def _encode_cursor(job: Job) -> str:

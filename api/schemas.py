@@ -109,6 +109,28 @@ class SubmitRequest(BaseModel):
     )
 
 
+class GpuSampleOut(BaseModel):
+    at: dt.datetime
+    utilization_pct: float | None = Field(description="0-100; null when the exporter gave none.")
+    memory_used_mib: float | None
+
+
+class GpuSeriesOut(BaseModel):
+    node: str
+    index: int = Field(description="The GPU's index on its node, as Slurm's GRES IDX and the exporter name it.")
+    samples: list[GpuSampleOut] = Field(description="The latest samples (about one a minute, at most 60), oldest first.")
+
+
+class GpuUsageOut(BaseModel):
+    idle_since: dt.datetime | None = Field(
+        description="Since when every GPU of the job has been under its idle policy's threshold, once that lasted "
+        "the policy's window; null while the job is busy or not judged."
+    )
+    idle_notified_at: dt.datetime | None = Field(description="When gpupool sent job.idle for the current idle spell.")
+    idle_cancelled_at: dt.datetime | None = Field(description="When gpupool cancelled the job for idling; end_reason says why.")
+    gpus: list[GpuSeriesOut] = Field(description="Recent utilization per GPU (at most 16 GPUs), from the nodes' GPU exporters.")
+
+
 class JobOut(BaseModel):
     job_id: str
     name: str
@@ -146,6 +168,9 @@ class JobOut(BaseModel):
     array: TaskCounts | None = Field(default=None, description="An array job's tasks; list them at GET /jobs/<id>/tasks.")
     preemptible: bool = Field(default=False, description="A spot job: see POST /submit's preemptible.")
     run_count: int = Field(default=0, description="Runs Slurm has started: more than 1 after a preemption.")
+    gpu_usage: GpuUsageOut | None = Field(
+        default=None, description="GET /jobs/<id> only: recent per-GPU utilization and the job's idle state."
+    )
 
 
 class QuoteDetail(BaseModel):
@@ -278,11 +303,11 @@ class SubmitOut(JobOut):
     )
 
 
-WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "budget.threshold", "budget.forecast"]
+WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "job.idle", "budget.threshold", "budget.forecast"]
 
 
 def _every_event_type() -> list[WebhookEventType]:
-    return ["job.started", "job.ended", "job.preempted", "budget.threshold", "budget.forecast"]
+    return ["job.started", "job.ended", "job.preempted", "job.idle", "budget.threshold", "budget.forecast"]
 
 
 class WebhookCreate(BaseModel):

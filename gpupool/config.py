@@ -118,9 +118,21 @@ class Settings:
     unknown_after_s: float = 7 * 24 * 3600
     cluster_shape_ttl_s: float = 60.0
 
-    # `gpupool top` reads each node's GPU exporter at http://<node>:<port>/metrics.
+    # `gpupool top` and `gpupool idle check` read each node's GPU exporter at http://<node>:<port>/metrics,
+    # or at gpu_exporter_url when set: a template with {node} (and {port}) in it.
     gpu_exporter_port: int = 9400
+    gpu_exporter_url: str = ""
     gpu_exporter_timeout_s: float = 2.0
+    # Idle GPUs (gpupool.gpu_usage.idle), the default policy where neither the job's account nor its
+    # template has one (`gpupool idle policy set`): a job whose every GPU stays under idle_threshold_pct
+    # for idle_window_min minutes gets job.idle; idle_grace_min later, with idle_cancel, it is cancelled.
+    # idle_window_min = 0: no default policy (only jobs with a policy of their own are judged).
+    idle_window_min: int = 60
+    idle_threshold_pct: int = 5
+    idle_grace_min: int = 30
+    idle_cancel: bool = False
+    # Per-GPU samples are kept this long (the job page's chart, and the longest window judged).
+    idle_sample_retention_min: int = 24 * 60
     # Who may read the API's /metrics (no token needed); anyone else gets 404. Empty: nobody.
     metrics_allow_cidrs: tuple[str, ...] = (
         "127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
@@ -254,6 +266,17 @@ class Settings:
             raise ConfigError("electricity_price_per_kwh must be a decimal such as 0.15 (at most 9 decimals)")
         if bool(self.database_api_role) != bool(self.database_billing_role):
             raise ConfigError("set both database_api_role and database_billing_role, or neither")
+        if self.gpu_exporter_url and "{node}" not in self.gpu_exporter_url and "{port}" not in self.gpu_exporter_url:
+            # One fixed address for every node would judge every node by one node's GPUs.
+            raise ConfigError("gpu_exporter_url must contain {node} or {port}, e.g. http://{node}:9400/metrics")
+        try:
+            self.gpu_exporter_url.format(node="node", port=self.gpu_exporter_port)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"gpu_exporter_url may name only {{node}} and {{port}}: {exc}") from exc
+        if self.idle_window_min < 0 or self.idle_grace_min < 0 or not 0 <= self.idle_threshold_pct <= 100:
+            raise ConfigError("idle_window_min and idle_grace_min must be 0 or more, idle_threshold_pct 0 to 100")
+        if self.idle_sample_retention_min <= 0:
+            raise ConfigError("idle_sample_retention_min must be positive")
 
     def billing_url(self) -> str:
         return self.billing_database_url or self.database_url

@@ -73,7 +73,10 @@ JOB_STARTED = "job.started"
 JOB_ENDED = "job.ended"
 # A spot job's run was preempted by a full-price job: it is requeued and runs again later.
 JOB_PREEMPTED = "job.preempted"
-EVENT_TYPES = (JOB_STARTED, JOB_ENDED, JOB_PREEMPTED)
+# Every GPU of a running job stayed under its idle policy's threshold for the policy's window
+# (gpupool.gpu_usage.idle); sent once per idle spell, by `gpupool idle check`.
+JOB_IDLE = "job.idle"
+EVENT_TYPES = (JOB_STARTED, JOB_ENDED, JOB_PREEMPTED, JOB_IDLE)
 _PREEMPTED = "PREEMPTED"
 SIGNATURE_HEADER = "Gpupool-Signature"
 MAX_BACKOFF_S = 3600.0
@@ -260,6 +263,38 @@ class JobEvents:
             for event_id, endpoint in owed
         )
         return len({event_id for event_id, _ in owed})
+
+
+def enqueue_job_event(session: Session, job: Job, event_type: str, now: dt.datetime, data: dict[str, Any]) -> int:
+    """One event about ``job`` (its payload's ``job`` plus ``data``) for each endpoint that wants it; how many deliveries.
+
+    In the caller's transaction, as ``JobEvents.enqueue`` does for the refresher's events.
+    """
+    wanting = [
+        endpoint
+        for endpoint in session.scalars(
+            select(WebhookEndpoint).where(
+                WebhookEndpoint.account == job.account,
+                WebhookEndpoint.deleted_at.is_(None),
+                WebhookEndpoint.job_id.is_(None) | (WebhookEndpoint.job_id == job.id),
+            )
+        )
+        if endpoint.wants(event_type)
+    ]
+    if not wanting:
+        return 0
+    event_id = f"evt_{uuid.uuid4().hex}"
+    payload = {
+        "id": event_id, "type": event_type, "created_at": _timestamp(now),
+        "data": {"job": _job_payload(session, job, event_type), **data},
+    }
+    session.add(WebhookEvent(id=event_id, account=job.account, job_id=job.id, type=event_type, payload=payload, created_at=now))
+    session.flush()  # the event before its deliveries' foreign key
+    session.add_all(
+        WebhookDelivery(event_id=event_id, endpoint_id=endpoint.id, state=PENDING, attempts=0, next_attempt_at=now)
+        for endpoint in wanting
+    )
+    return len(wanting)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.runas import exec_lean_helper
 from gpupool.slurm.tenants import ensure_tenant_folder, ensure_tenant_user
 from gpupool_cli.billing_cmds import add_billing_parsers
+from gpupool_cli.idle_cmds import add_idle_parsers
 from gpupool_cli.member_cmds import add_member_parsers
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
@@ -155,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_email_parsers(sub)
     add_report_parsers(sub)
     add_session_parsers(sub)
+    add_idle_parsers(sub)
 
     runas = sub.add_parser("runas", help="the root helper that submits and cancels as tenants").add_subparsers(
         dest="runas_command", required=True

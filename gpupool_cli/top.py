@@ -2,7 +2,7 @@
 
 Jobs and GPU indices come from one ``scontrol show job --details`` call; each
 GPU's utilization, memory, temperature and power from its node's GPU exporter
-(``http://<node>:<gpu_exporter_port>/metrics``) or, per node, from a saved
+(``http://<node>:<gpu_exporter_port>/metrics``, or the ``gpu_exporter_url`` setting) or, per node, from a saved
 scrape given with ``--metrics-file NODE=FILE``. A node whose exporter cannot be
 read shows ``n/a`` for its GPUs and says why below the table.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from gpupool.config import Settings
 from gpupool.errors import SlurmUnavailable
+from gpupool.gpu_usage.exporter import GpuReading, NodeMetrics, node_metrics_from_text, scrape_cluster
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.detail import RunningJob
-from gpupool_cli.gpu_metrics import GpuReading, NodeMetrics, node_metrics_from_text, scrape_nodes
 
 NA = "n/a"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -113,7 +113,7 @@ def collect_metrics(jobs: Sequence[RunningJob], settings: Settings, files: Mappi
     """Saved scrapes for the nodes given files; every other node a job runs on, from its exporter."""
     metrics = {node: _read_metrics_file(node, path) for node, path in files.items()}
     to_scrape = {alloc.node for job in jobs for alloc in job.gpus} - set(files)
-    metrics.update(scrape_nodes(to_scrape, settings.gpu_exporter_port, settings.gpu_exporter_timeout_s))
+    metrics.update(scrape_cluster(to_scrape, settings))
     return metrics
 
 

@@ -175,3 +175,70 @@ def horizontal_bars(
         plot_left=label_width,
         plot_right=label_width + plot_width,
     )
+
+
+@dataclass(frozen=True)
+class Line:
+    series: str
+    color: str
+    points: str  # SVG polyline points, "x,y x,y ..."
+    last_text: str  # the series' latest value, for its legend and tooltip
+
+
+@dataclass(frozen=True)
+class LineChart:
+    width: int
+    height: int
+    lines: tuple[Line, ...]
+    x_labels: tuple[Label, ...]
+    y_labels: tuple[Label, ...]
+    gridlines: tuple[float, ...]
+    baseline: float
+    plot_left: float
+    plot_right: float
+
+
+def percent_lines(
+    series: Sequence[tuple[str, Sequence[tuple[float, float | None]]]],
+    *,
+    x_text: Callable[[float], str],
+    width: int = 720,
+    height: int = 200,
+) -> LineChart:
+    """One line per (name, [(x, percent)]) on a 0-100 % axis, x scaled to the span of every point.
+
+    A point without a value breaks its line there (a missing reading is drawn as a gap, not as 0 %).
+    The x axis shows its two ends as ``x_text`` says them.
+    """
+    xs = [x for _, points in series for x, value in points if value is not None]
+    low, high = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    span = high - low or 1.0
+    plot_height = height - _PLOT_TOP - _AXIS_BOTTOM
+    baseline = height - _AXIS_BOTTOM
+    right = width - 8
+    colors = series_colors([name for name, _ in series])
+    lines: list[Line] = []
+    for name, points in series:
+        segments: list[list[str]] = [[]]
+        for x, value in points:
+            if value is None:
+                segments.append([])
+                continue
+            px = _AXIS_LEFT + (x - low) / span * (right - _AXIS_LEFT)
+            py = baseline - min(max(value, 0.0), 100.0) / 100.0 * plot_height
+            segments[-1].append(f"{px:.1f},{py:.1f}")
+        last = next((value for _, value in reversed(points) if value is not None), None)
+        last_text = "n/a" if last is None else f"{last:.0f}%"
+        lines.extend(Line(name, colors[name], " ".join(segment), last_text) for segment in segments if segment)
+    ticks = (0, 25, 50, 75, 100)
+    return LineChart(
+        width=width,
+        height=height,
+        lines=tuple(lines),
+        x_labels=(Label(_AXIS_LEFT, baseline + 16, x_text(low)), Label(right, baseline + 16, x_text(high))) if xs else (),
+        y_labels=tuple(Label(_AXIS_LEFT - 6, baseline - tick / 100 * plot_height + 4, f"{tick}%") for tick in ticks),
+        gridlines=tuple(baseline - tick / 100 * plot_height for tick in ticks),
+        baseline=baseline,
+        plot_left=_AXIS_LEFT,
+        plot_right=right,
+    )

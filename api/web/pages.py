@@ -251,8 +251,29 @@ def job(job_id: str) -> str:
         job=view,
         timeline=_timeline(view),
         session=_session_of_page(view, row) if _may_read_logs() else None,
+        usage_chart=_usage_chart(view),
         logs=logs,
     )
+
+
+def _usage_chart(view: dict[str, Any]) -> charts.LineChart | None:
+    """The job's recent utilization, one line per GPU; None before any sample."""
+    usage = view.get("gpu_usage") or {}
+    series = [
+        (
+            f"{gpu['node']} GPU {gpu['index']}",
+            [(_instant(sample["at"]).timestamp(), sample["utilization_pct"]) for sample in gpu["samples"]],
+        )
+        for gpu in usage.get("gpus", [])
+        if gpu["samples"]
+    ]
+    if not series:
+        return None
+    return charts.percent_lines(series, x_text=lambda x: dt.datetime.fromtimestamp(x, dt.UTC).strftime("%H:%M UTC"))
+
+
+def _instant(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _session_of_page(view: dict[str, Any], row: Job) -> dict[str, Any] | None:

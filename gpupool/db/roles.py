@@ -73,7 +73,13 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # so the API never needs to write `accounts` (budgets are the operator's).
     "alert_settings": {API: READ_WRITE, BILLING: READ},
     "alerts_sent": {API: READ, BILLING: APPEND},
-    "email_outbox": {API: NONE, BILLING: APPEND},
+    # `gpupool idle check` (with the API's environment) queues job.idle emails too, without
+    # reading the outbox back (an INSERT with no RETURNING): the API never reads anyone's mail.
+    "email_outbox": {API: ("INSERT",), BILLING: APPEND},
+    # Idle GPUs: `gpupool idle check`, with the API's environment, records and prunes each job's
+    # GPU samples (GET /jobs/<id> shows them); the policies are the operator's (`gpupool idle policy set`).
+    "gpu_samples": {API: ("SELECT", "INSERT", "DELETE"), BILLING: NONE},
+    "idle_policies": {API: READ, BILLING: NONE},
     # Hardware costs for the operator report; set with `gpupool node cost set`.
     "node_costs": {API: READ, BILLING: NONE},
     # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.

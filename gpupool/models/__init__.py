@@ -5,6 +5,7 @@ from gpupool.models.accounts import ACCOUNT_NAME, Account
 from gpupool.models.alerts import AlertSent, AlertSettings, EmailOutbox
 from gpupool.models.api_keys import ApiKey
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
+from gpupool.models.gpu_usage import GpuSample, IdlePolicy
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.members import MEMBER_ROLES, AccountMember
 from gpupool.models.report import NodeCost
@@ -26,6 +27,8 @@ __all__ = [
     "Base",
     "BillingPass",
     "BillingState",
+    "GpuSample",
+    "IdlePolicy",
     "IssuedToken",
     "ApiKey",
     "Job",

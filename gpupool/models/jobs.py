@@ -84,6 +84,12 @@ class Job(Base):
     preemptible: Mapped[bool] = mapped_column(default=False, server_default=false())
     # Runs Slurm has started so far (a preempted job runs again after its requeue).
     run_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Idle GPUs (gpupool.gpu_usage.idle): since when every GPU of the running job has been under its
+    # policy's threshold (None: busy, or not judged), when job.idle was sent, and when gpupool cancelled
+    # it for that (the reason the customer reads is end_reason).
+    idle_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    idle_notified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    idle_cancelled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str] = mapped_column(String(64))

@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.slurm.detail import GpusHeldOnNode, RunningJob, gpu_indices, parse_index_list, parse_running_jobs
-from gpupool.slurm.parse import ParseError
-from gpupool_cli.gpu_metrics import (
+from gpupool.gpu_usage.exporter import (
     GpuReading,
     MetricsParseError,
     NodeMetrics,
     node_metrics_from_text,
     parse_gpu_metrics,
 )
+from gpupool.slurm.detail import GpusHeldOnNode, RunningJob, gpu_indices, parse_index_list, parse_running_jobs
+from gpupool.slurm.parse import ParseError
 from gpupool_cli.main import build_parser
 from gpupool_cli.top import render_top
 from tests import golden

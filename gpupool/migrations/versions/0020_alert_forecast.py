@@ -1,7 +1,7 @@
 """spend alerts: an optional run-out forecast per account
 
 Revision ID: 0020
-Revises: 0018
+Revises: 0019
 Create Date: 2026-12-02
 
 ``alert_settings.forecast_hours``: alert (``budget.forecast``) when, at the
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0020"
-down_revision = "0018"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 

@@ -16,6 +16,11 @@ Indices are the exporters' (NVML's, in PCI bus order). They are the indices
 Slurm prints as ``IDX`` when gres.conf lists the devices in that order, as
 ``AutoDetect=nvml`` and a ``File=/dev/nvidia[0-N]`` line both do.
 
+Each node's exporter is at ``exporter_url(settings, node)``: the
+``gpu_exporter_url`` setting with ``{node}`` (and ``{port}``) filled in, or
+``http://<node>:<gpu_exporter_port>/metrics`` when that is empty. ``gpupool top``
+and the idle check (``gpupool.gpu_usage.idle``) both read them.
+
 Parsing is pure; ``scrape_node`` is the one function that talks to the network.
 """
 
@@ -24,12 +29,14 @@ from __future__ import annotations
 import math
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.client import HTTPException
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from gpupool.config import Settings
 
 MIB = 1024 * 1024
 _MAX_SCRAPE_BYTES = 16 * MIB
@@ -151,17 +158,18 @@ def node_metrics_from_text(node: str, text: str) -> NodeMetrics:
         return NodeMetrics(node, error=str(exc))
 
 
-def exporter_url(node: str, port: int) -> str:
-    return f"http://{node}:{port}/metrics"
+def exporter_url(settings: Settings, node: str) -> str:
+    """Where ``node``'s exporter answers: the ``gpu_exporter_url`` template, or the port on the node's name."""
+    template = settings.gpu_exporter_url or "http://{node}:{port}/metrics"
+    return template.format(node=node, port=settings.gpu_exporter_port)
 
 
 # Node exporters are on the cluster network: never through an operator's HTTP proxy.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def scrape_node(node: str, port: int, timeout_s: float) -> NodeMetrics:
+def scrape_node(node: str, url: str, timeout_s: float) -> NodeMetrics:
     """One node's exporter over HTTP; an unreachable or broken exporter is an error, not an exception."""
-    url = exporter_url(node, port)
     try:
         with _OPENER.open(url, timeout=timeout_s) as response:
             body = response.read(_MAX_SCRAPE_BYTES + 1)
@@ -176,10 +184,15 @@ def scrape_node(node: str, port: int, timeout_s: float) -> NodeMetrics:
     return node_metrics_from_text(node, body.decode("utf-8", errors="replace"))
 
 
-def scrape_nodes(nodes: Iterable[str], port: int, timeout_s: float) -> dict[str, NodeMetrics]:
-    """Every node at once, so one dead node costs one timeout, not one per node."""
+def scrape_nodes(nodes: Iterable[str], url_of: Callable[[str], str], timeout_s: float) -> dict[str, NodeMetrics]:
+    """Every node at once (``url_of(node)``: its exporter), so one dead node costs one timeout, not one per node."""
     wanted = sorted(set(nodes))
     if not wanted:
         return {}
     with ThreadPoolExecutor(max_workers=min(16, len(wanted))) as pool:
-        return dict(zip(wanted, pool.map(lambda node: scrape_node(node, port, timeout_s), wanted), strict=True))
+        return dict(zip(wanted, pool.map(lambda node: scrape_node(node, url_of(node), timeout_s), wanted), strict=True))
+
+
+def scrape_cluster(nodes: Iterable[str], settings: Settings) -> dict[str, NodeMetrics]:
+    """Every node's exporter, where the settings say it is."""
+    return scrape_nodes(nodes, lambda node: exporter_url(settings, node), settings.gpu_exporter_timeout_s)

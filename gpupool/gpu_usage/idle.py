@@ -1,0 +1,374 @@
+"""Idle GPUs: a running job whose every GPU stays under its policy's threshold for the policy's window.
+
+``gpupool idle check`` runs ``check_idle`` once a minute (a systemd timer). One
+pass:
+
+1. asks Slurm once (``scontrol show job --details``) which jobs run and which
+   GPU indices each holds on which node (``gpupool.slurm.detail``);
+2. scrapes each of those nodes' exporters once (``gpupool.gpu_usage.exporter``)
+   and records, for every gpupool job, one ``gpu_samples`` row per GPU it holds;
+3. prunes samples older than ``idle_sample_retention_min``;
+4. judges each job against its policy (``policy_for``: the account's, else the
+   template's, else the settings' default) with ``judge``, a pure function;
+5. acts on the verdict (``next_step``): the first pass that finds a job idle
+   sends ``job.idle`` (a signed webhook to the endpoints that want it, and an
+   email to the account's alert address when the operator has an SMTP server),
+   and a pass ``grace_min`` after that, when the policy says cancel and the job
+   is still idle, cancels it as its tenant and says why in ``end_reason``.
+
+A job that gets busy again is re-armed: its next idle spell sends job.idle
+again and starts a new grace. A GPU the exporter did not report, a sample
+without a utilization, or a gap of more than ``MAX_GAP`` between samples
+(exporter down, checks not running) is not evidence of idleness: the job is
+judged idle only on samples that cover the whole window.
+
+Array jobs are not judged yet (their tasks are Slurm jobs of their own).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from gpupool.clock import utc_text
+from gpupool.config import Settings
+from gpupool.errors import CommandFailed, GpupoolError
+from gpupool.gpu_usage.exporter import NodeMetrics, scrape_cluster
+from gpupool.models import AlertSettings, EmailOutbox, Job
+from gpupool.models.alerts import EMAIL_PENDING
+from gpupool.models.gpu_usage import ACCOUNT, TEMPLATE, GpuSample, IdlePolicy
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.detail import RunningJob
+from gpupool.webhooks import JOB_IDLE, enqueue_job_event
+
+log = logging.getLogger("gpupool.idle")
+
+# Samples further apart than this (or a latest one older than this) leave the stretch unjudged.
+MAX_GAP = dt.timedelta(minutes=5)
+# What GET /jobs/<id> shows per GPU: the latest samples, oldest first.
+RECENT_SAMPLES_PER_GPU = 60
+MAX_GPUS_SHOWN = 16
+
+GpuKey = tuple[str, int]  # (node, GPU index on that node)
+Scrape = Callable[[Iterable[str], Settings], Mapping[str, NodeMetrics]]
+
+NOTIFY = "notify"
+CANCEL = "cancel"
+REARM = "rearm"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """After ``window_min`` minutes under ``threshold_pct`` on every GPU: job.idle; ``grace_min`` later, maybe cancel."""
+
+    window_min: int
+    threshold_pct: int
+    grace_min: int
+    cancel: bool
+    source: str  # "account <name>", "template <name>" or "default"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "window_min": self.window_min, "threshold_pct": self.threshold_pct, "grace_min": self.grace_min,
+            "cancel": self.cancel, "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One GPU's utilization at one moment; None: the exporter reported the GPU but not its load."""
+
+    at: dt.datetime
+    utilization_pct: float | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    idle: bool
+    # Since when every GPU has been under the threshold, as far as the samples show; None: some GPU is not.
+    under_since: dt.datetime | None
+
+
+def under_since(readings: Sequence[Reading], threshold_pct: float, now: dt.datetime, max_gap: dt.timedelta = MAX_GAP) -> dt.datetime | None:
+    """The earliest moment from which one GPU's samples, up to ``now``, are all under the threshold with no gap."""
+    since = None
+    later = now
+    for reading in sorted(readings, key=lambda reading: reading.at, reverse=True):
+        if reading.at > now:
+            continue
+        if later - reading.at > max_gap:
+            break
+        if reading.utilization_pct is None or reading.utilization_pct >= threshold_pct:
+            break
+        since = later = reading.at
+    return since
+
+
+def judge(
+    samples: Mapping[GpuKey, Sequence[Reading]],
+    gpus: Iterable[GpuKey],
+    policy: Policy,
+    now: dt.datetime,
+    max_gap: dt.timedelta = MAX_GAP,
+) -> Verdict:
+    """Idle when every one of the job's ``gpus`` has been under the threshold for the whole window.
+
+    Pure: the samples (per GPU, any order) and the moment of judgement decide.
+    A job with no GPUs, or a policy with a window of 0, is never idle.
+    """
+    wanted = sorted(set(gpus))
+    if not wanted or policy.window_min <= 0:
+        return Verdict(False, None)
+    starts = [under_since(samples.get(gpu, ()), policy.threshold_pct, now, max_gap) for gpu in wanted]
+    if any(start is None for start in starts):
+        return Verdict(False, None)
+    since = max(start for start in starts if start is not None)
+    return Verdict(now - since >= dt.timedelta(minutes=policy.window_min), since)
+
+
+def next_step(verdict: Verdict, policy: Policy, notified_at: dt.datetime | None, cancelled_at: dt.datetime | None, now: dt.datetime) -> str | None:
+    """What a pass does with a judged job: notify, cancel, re-arm (busy again after a notice) or nothing."""
+    if cancelled_at is not None:
+        return None
+    if not verdict.idle:
+        return REARM if notified_at is not None else None
+    if notified_at is None:
+        return NOTIFY
+    if policy.cancel and now - notified_at >= dt.timedelta(minutes=policy.grace_min):
+        return CANCEL
+    return None
+
+
+def default_policy(settings: Settings) -> Policy | None:
+    if settings.idle_window_min <= 0:
+        return None
+    return Policy(settings.idle_window_min, settings.idle_threshold_pct, settings.idle_grace_min, settings.idle_cancel, "default")
+
+
+def _policy(row: IdlePolicy) -> Policy:
+    return Policy(row.window_min, row.threshold_pct, row.grace_min, row.cancel, f"{row.scope} {row.name}")
+
+
+def policy_for(session: Session, settings: Settings, account: str, template: str) -> Policy | None:
+    """The account's policy, else the template's, else the settings' default; None: not judged."""
+    rows = {
+        row.scope: row
+        for row in session.scalars(
+            select(IdlePolicy).where(
+                ((IdlePolicy.scope == ACCOUNT) & (IdlePolicy.name == account))
+                | ((IdlePolicy.scope == TEMPLATE) & (IdlePolicy.name == template))
+            )
+        )
+    }
+    for scope in (ACCOUNT, TEMPLATE):
+        if scope in rows:
+            return _policy(rows[scope])
+    return default_policy(settings)
+
+
+def set_policy(
+    session: Session, scope: str, name: str, *, window_min: int, threshold_pct: int, grace_min: int, cancel: bool, now: dt.datetime
+) -> IdlePolicy:
+    """Create or replace one policy, in the caller's transaction; ValueError for values out of range."""
+    if scope not in (ACCOUNT, TEMPLATE):
+        raise ValueError(f"scope is account or template, not {scope!r}")
+    if window_min < 0 or grace_min < 0:
+        raise ValueError("window and grace are 0 minutes or more")
+    if not 0 <= threshold_pct <= 100:
+        raise ValueError("the threshold is a percentage from 0 to 100")
+    row = session.scalars(select(IdlePolicy).where(IdlePolicy.scope == scope, IdlePolicy.name == name)).first()
+    if row is None:
+        row = IdlePolicy(scope=scope, name=name)
+        session.add(row)
+    row.window_min, row.threshold_pct, row.grace_min, row.cancel, row.updated_at = window_min, threshold_pct, grace_min, cancel, now
+    return row
+
+
+def cancel_reason(policy: Policy) -> str:
+    """What the customer reads as the job's end_reason."""
+    return (
+        f"idle: every GPU under {policy.threshold_pct}% for {policy.window_min} min, "
+        f"still idle {policy.grace_min} min after the job.idle notice; gpupool cancelled it ({policy.source} idle policy)"
+    )
+
+
+@dataclass
+class CheckResult:
+    jobs: int = 0
+    samples: int = 0
+    pruned: int = 0
+    notified: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    rearmed: list[str] = field(default_factory=list)
+    node_errors: dict[str, str] = field(default_factory=dict)
+
+
+def _gpus_of(running: RunningJob) -> list[GpuKey]:
+    return sorted({(alloc.node, index) for alloc in running.gpus for index in alloc.indices})
+
+
+def _record(session: Session, job: Job, gpus: Sequence[GpuKey], metrics: Mapping[str, NodeMetrics], now: dt.datetime) -> int:
+    rows = []
+    for node, index in gpus:
+        scraped = metrics.get(node)
+        reading = scraped.gpus.get(index) if scraped is not None and scraped.error is None else None
+        if reading is not None:
+            rows.append(
+                GpuSample(
+                    job_id=job.id, sampled_at=now, node=node, gpu_index=index,
+                    utilization_pct=reading.utilization_pct, memory_used_mib=reading.memory_used_mib,
+                )
+            )
+    session.add_all(rows)
+    return len(rows)
+
+
+def _readings(session: Session, job_id: str, since: dt.datetime) -> dict[GpuKey, list[Reading]]:
+    found: dict[GpuKey, list[Reading]] = {}
+    for node, index, at, utilization in session.execute(
+        select(GpuSample.node, GpuSample.gpu_index, GpuSample.sampled_at, GpuSample.utilization_pct).where(
+            GpuSample.job_id == job_id, GpuSample.sampled_at >= since
+        )
+    ):
+        found.setdefault((node, index), []).append(Reading(at, utilization))
+    return found
+
+
+def _notice_data(policy: Policy, verdict: Verdict, gpus: Sequence[GpuKey], now: dt.datetime) -> dict[str, Any]:
+    cancel_at = now + dt.timedelta(minutes=policy.grace_min) if policy.cancel else None
+    return {
+        "idle": {
+            "since": None if verdict.under_since is None else utc_text(verdict.under_since),
+            "policy": policy.as_dict(),
+            "cancel_after": None if cancel_at is None else utc_text(cancel_at),
+            "gpus": [{"node": node, "index": index} for node, index in gpus],
+        }
+    }
+
+
+def email_text(job: Job, policy: Policy, verdict: Verdict, now: dt.datetime) -> tuple[str, str]:
+    """Subject and body of the job.idle email: the job's own words (name, ids) only as data."""
+    subject = f"gpupool: job {job.id} of account {job.account} has idle GPUs"
+    since = "" if verdict.under_since is None else f" since {utc_text(verdict.under_since)}"
+    then = (
+        f"Unless its GPUs get busy, gpupool cancels it at {utc_text(now + dt.timedelta(minutes=policy.grace_min))}.\n"
+        if policy.cancel
+        else "gpupool does not cancel it; it is billed while it runs.\n"
+    )
+    body = (
+        f"Job {job.id} (Slurm job {job.slurm_job_id}, template {job.template}) of account {job.account} "
+        f"has used under {policy.threshold_pct}% of every one of its {job.gpus} GPU(s){since} "
+        f"({policy.window_min} min or more).\n{then}"
+    )
+    return subject, body
+
+
+def _notify(session: Session, settings: Settings, job: Job, policy: Policy, verdict: Verdict, gpus: Sequence[GpuKey], now: dt.datetime) -> None:
+    enqueue_job_event(session, job, JOB_IDLE, now, _notice_data(policy, verdict, gpus, now))
+    alert = session.get(AlertSettings, job.account)
+    if settings.smtp_host and alert is not None and alert.email:
+        subject, body = email_text(job, policy, verdict, now)
+        # No RETURNING: the API's role may add mail to the outbox but never read it (gpupool.db.roles).
+        session.execute(
+            insert(EmailOutbox).values(
+                account=job.account, recipient=alert.email, subject=subject, body=body, state=EMAIL_PENDING,
+                attempts=0, next_attempt_at=now, created_at=now,
+            )
+        )
+    job.idle_notified_at = now
+
+
+def _cancel(slurm: SlurmClient, job: Job) -> bool:
+    assert job.slurm_job_id is not None
+    try:
+        slurm.cancel(job.slurm_job_id, job.account)
+    except CommandFailed as exc:
+        if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
+            log.warning("idle job %s: scancel failed: %s", job.id, exc.message)
+            return False
+    except GpupoolError as exc:
+        log.warning("idle job %s: scancel failed: %s", job.id, exc.message)
+        return False
+    return True
+
+
+def check_idle(session: Session, settings: Settings, slurm: SlurmClient, now: dt.datetime, scrape: Scrape = scrape_cluster) -> CheckResult:
+    """One pass (see the module docstring); commits what it recorded and decided."""
+    result = CheckResult()
+    running = {job.slurm_job_id: job for job in slurm.running_gpu_jobs()}
+    jobs = (
+        session.scalars(
+            select(Job).where(Job.slurm_job_id.in_(sorted(running)), Job.finished.is_(False), Job.array_size.is_(None))
+        ).all()
+        if running
+        else []
+    )
+    held = {job.id: _gpus_of(running[job.slurm_job_id]) for job in jobs if job.slurm_job_id is not None}
+    metrics = scrape({node for gpus in held.values() for node, _ in gpus}, settings)
+    result.node_errors = {node: found.error for node, found in metrics.items() if found.error is not None}
+    for job in jobs:
+        result.samples += _record(session, job, held[job.id], metrics, now)
+    result.jobs = len(jobs)
+    session.flush()
+    retention = dt.timedelta(minutes=settings.idle_sample_retention_min)
+    pruned = session.execute(delete(GpuSample).where(GpuSample.sampled_at < now - retention))
+    result.pruned = int(getattr(pruned, "rowcount", 0) or 0)
+    session.commit()
+
+    for job in jobs:
+        policy = policy_for(session, settings, job.account, job.template)
+        if policy is None:
+            continue
+        gpus = held[job.id]
+        readings = _readings(session, job.id, now - dt.timedelta(minutes=policy.window_min) - MAX_GAP)
+        verdict = judge(readings, gpus, policy, now)
+        step = next_step(verdict, policy, job.idle_notified_at, job.idle_cancelled_at, now)
+        job.idle_since = verdict.under_since if verdict.idle else None
+        if step == NOTIFY:
+            log.info("job %s (Slurm %s) idle since %s: job.idle sent", job.id, job.slurm_job_id, verdict.under_since)
+            _notify(session, settings, job, policy, verdict, gpus, now)
+            result.notified.append(job.id)
+        elif step == REARM:
+            job.idle_notified_at = None
+            result.rearmed.append(job.id)
+        elif step == CANCEL:
+            log.info("job %s (Slurm %s) idle past its grace: cancelling it as its tenant", job.id, job.slurm_job_id)
+            if _cancel(slurm, job):
+                job.idle_cancelled_at = now
+                job.end_reason = cancel_reason(policy)
+                result.cancelled.append(job.id)
+        session.commit()  # each job's decision stands on its own: a cancel is never left unrecorded by a later one
+    return result
+
+
+def recent_usage(session: Session, job: Job) -> list[dict[str, Any]]:
+    """GET /jobs/<id>'s ``gpu_usage.gpus``: per GPU, its latest samples (at most RECENT_SAMPLES_PER_GPU), oldest first."""
+    keys = session.execute(
+        select(GpuSample.node, GpuSample.gpu_index).where(GpuSample.job_id == job.id).distinct()
+        .order_by(GpuSample.node, GpuSample.gpu_index).limit(MAX_GPUS_SHOWN)
+    ).all()
+    shown = []
+    for node, index in keys:
+        rows = session.execute(
+            select(GpuSample.sampled_at, GpuSample.utilization_pct, GpuSample.memory_used_mib)
+            .where(GpuSample.job_id == job.id, GpuSample.node == node, GpuSample.gpu_index == index)
+            .order_by(GpuSample.sampled_at.desc())
+            .limit(RECENT_SAMPLES_PER_GPU)
+        ).all()
+        shown.append(
+            {
+                "node": node,
+                "index": index,
+                "samples": [
+                    {"at": utc_text(at), "utilization_pct": utilization, "memory_used_mib": memory}
+                    for at, utilization, memory in reversed(rows)
+                ],
+            }
+        )
+    return shown

@@ -1,0 +1,166 @@
+"""Idle GPUs on the real cluster: real 2-GPU jobs, their real GRES indices, recorded exporter output over HTTP.
+
+The node's GPUs are emulated, so the exporter is tests.support.gpu_exporter: the
+recorded nvidia-smi capture of an H100, served on 127.0.0.1 as
+nvidia_gpu_exporter serves it, with the utilization of each GPU index set by
+the test. The check passes run with a clock the test advances a minute at a
+time; Slurm, the run-as helper, scancel and sacct are real.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
+
+from gpupool.config import Settings
+from gpupool.db import utcnow
+from gpupool.gpu_usage.idle import CheckResult, check_idle, set_policy
+from gpupool.models import AlertSettings, EmailOutbox, GpuSample, Job, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from gpupool.models.gpu_usage import ACCOUNT
+from gpupool.slurm.client import SlurmClient
+from tests.api.test_web import signed_in
+from tests.conftest import sacct_row, slurm_cmd, wait_for, wait_for_state
+from tests.support.gpu_exporter import FakeNodeExporter, serve_exporter
+
+NODE = "vm"
+WINDOW_MIN, THRESHOLD_PCT, GRACE_MIN = 3, 5, 2
+ALERT_EMAIL = "ops@idle.example"
+HOOK_URL = "https://hooks.example.com/idle"
+OTHER_GPUS_PCT = 97.0  # the node's GPUs the job does not hold: busy, so a wrong mapping shows
+
+
+@pytest.fixture
+def exporter() -> Iterator[FakeNodeExporter]:
+    with serve_exporter(dict.fromkeys(range(4), OTHER_GPUS_PCT)) as served:
+        yield served
+
+
+@pytest.fixture
+def idle_settings(settings: Settings, exporter: FakeNodeExporter) -> Settings:
+    # One node here, so one address for it; smtp_host set: emails are queued (this test sends none).
+    return settings.replace(
+        gpu_exporter_url="http://127.0.0.1:{port}/metrics", gpu_exporter_port=exporter.port,
+        gpu_exporter_timeout_s=5.0, smtp_host="127.0.0.1", idle_window_min=0,
+    )
+
+
+@pytest.fixture
+def watched(session_factory: sessionmaker, account: str) -> str:
+    """The account with an idle policy that cancels, an alert email and a webhook endpoint for job.idle."""
+    now = utcnow()
+    with session_factory() as session, session.begin():
+        set_policy(session, ACCOUNT, account, window_min=WINDOW_MIN, threshold_pct=THRESHOLD_PCT, grace_min=GRACE_MIN, cancel=True, now=now)
+        session.add(AlertSettings(account=account, thresholds="50,80,100", email=ALERT_EMAIL, updated_at=now))
+        session.add(WebhookEndpoint(id=f"ep-idle-{account}", account=account, url=HOOK_URL, events="job.idle", secret="s", created_at=now))
+    return account
+
+
+def running_two_gpu_job(client: FlaskClient, auth: dict[str, str]) -> tuple[dict[str, Any], tuple[int, int]]:
+    """Submit a 2-GPU job through the API, wait until it runs, and read its GPU indices from scontrol."""
+    submitted = client.post("/submit", headers=auth, json={"template": "hello", "gpus": 2, "params": {"seconds": 900}})
+    assert submitted.status_code == 201, submitted.get_json()
+    job = wait_for_state(client, submitted.get_json()["job_id"], auth, {"RUNNING"}, timeout_s=180)
+    text = slurm_cmd("scontrol", "--details", "show", "job", str(job["slurm_job_id"]))
+    # Read with a plain pattern here, not with the parser the check uses.
+    found = re.search(r"GRES=gpu:\w+:2\(IDX:(\d+)[-,](\d+)\)", text)
+    assert found, f"scontrol printed no GPU indices for a 2-GPU job: {text}"
+    return job, (int(found[1]), int(found[2]))
+
+
+def passes(session_factory: sessionmaker, settings: Settings, slurm: SlurmClient, start: dt.datetime, minutes: range) -> list[CheckResult]:
+    results = []
+    for minute in minutes:
+        with session_factory() as session:
+            results.append(check_idle(session, settings, slurm, start + dt.timedelta(minutes=minute)))
+    return results
+
+
+def idle_events(session_factory: sessionmaker, job_id: str) -> list[dict[str, Any]]:
+    with session_factory() as session:
+        return [event.payload for event in session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.idle"))]
+
+
+def test_a_job_idle_on_both_gpus_gets_job_idle_then_is_cancelled_after_the_grace(
+    client: FlaskClient, auth: dict[str, str], watched: str, idle_settings: Settings, slurm: SlurmClient,
+    session_factory: sessionmaker, exporter: FakeNodeExporter, app: Flask, settings: Settings,
+) -> None:
+    job, (first, second) = running_two_gpu_job(client, auth)
+    job_id = job["job_id"]
+    exporter.utilization.update({first: 0.0, second: 0.0})
+    start = utcnow()
+
+    # Minutes 0..2: under the threshold, but not yet for the whole window.
+    before = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN))
+    assert [result.notified for result in before] == [[], [], []]
+    assert all(result.samples == 2 and not result.node_errors for result in before), before
+    assert idle_events(session_factory, job_id) == []
+
+    # Minute 3: the whole window: job.idle, once, by webhook and email.
+    (at_window,) = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN, WINDOW_MIN + 1))
+    assert at_window.notified == [job_id]
+    events = idle_events(session_factory, job_id)
+    assert len(events) == 1
+    idle = events[0]["data"]["idle"]
+    assert idle["gpus"] == [{"node": NODE, "index": first}, {"node": NODE, "index": second}]
+    assert idle["policy"] == {"window_min": WINDOW_MIN, "threshold_pct": THRESHOLD_PCT, "grace_min": GRACE_MIN, "cancel": True, "source": f"account {watched}"}
+    assert events[0]["data"]["job"]["job_id"] == job_id
+    with session_factory() as session:
+        deliveries = session.scalars(select(WebhookDelivery.endpoint_id).join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id).where(WebhookEvent.job_id == job_id)).all()
+        assert deliveries == [f"ep-idle-{watched}"]
+        mails = session.execute(select(EmailOutbox.recipient, EmailOutbox.subject).where(EmailOutbox.account == watched)).all()
+        assert mails == [(ALERT_EMAIL, f"gpupool: job {job_id} of account {watched} has idle GPUs")]
+
+    shown = client.get(f"/jobs/{job_id}", headers=auth).get_json()
+    usage = shown["gpu_usage"]
+    assert usage["idle_notified_at"] is not None and usage["idle_cancelled_at"] is None
+    assert [(gpu["node"], gpu["index"]) for gpu in usage["gpus"]] == [(NODE, first), (NODE, second)]
+    assert all([sample["utilization_pct"] for sample in gpu["samples"]] == [0.0] * 4 for gpu in usage["gpus"])
+    assert all(sample["memory_used_mib"] == 19818.0 for gpu in usage["gpus"] for sample in gpu["samples"])  # the capture's
+    # The job page: the notice, and one line per GPU in the server-drawn chart.
+    page = signed_in(app.test_client(), settings, watched).get(f"/ui/jobs/{job_id}").get_data(as_text=True)
+    assert 'id="job-idle"' in page and 'id="gpu-utilization"' in page
+    assert re.findall(r'<polyline class="line"[^>]*data-series="([^"]+)"', page) == [f"{NODE} GPU {first}", f"{NODE} GPU {second}"]
+
+    # Minute 4: inside the grace: nothing more, and Slurm still runs it.
+    (in_grace,) = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN + 1, WINDOW_MIN + GRACE_MIN))
+    assert (in_grace.notified, in_grace.cancelled) == ([], [])
+    assert "JobState=RUNNING" in slurm_cmd("scontrol", "show", "job", str(job["slurm_job_id"]))
+
+    # Minute 5: past the grace and still idle: cancelled as its tenant.
+    (past_grace,) = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN + GRACE_MIN, WINDOW_MIN + GRACE_MIN + 1))
+    assert past_grace.cancelled == [job_id]
+    state = wait_for(
+        lambda: sacct_row(job["slurm_job_id"], "JobID,State").get("State", "").split(" ")[0] == "CANCELLED",
+        timeout_s=60, what="sacct to say CANCELLED",
+    )
+    assert state
+    ended = wait_for_state(client, job_id, auth, {"CANCELLED"}, timeout_s=60)
+    assert ended["end_reason"].startswith(f"idle: every GPU under {THRESHOLD_PCT}% for {WINDOW_MIN} min")
+    assert ended["gpu_usage"]["idle_cancelled_at"] is not None
+    assert len(idle_events(session_factory, job_id)) == 1  # never a second job.idle for the same spell
+
+
+def test_a_job_at_90_percent_on_one_of_its_two_gpus_gets_nothing(
+    client: FlaskClient, auth: dict[str, str], watched: str, idle_settings: Settings, slurm: SlurmClient,
+    session_factory: sessionmaker, exporter: FakeNodeExporter,
+) -> None:
+    job, (first, second) = running_two_gpu_job(client, auth)
+    exporter.utilization.update({first: 90.0, second: 0.0})
+    results = passes(session_factory, idle_settings, slurm, utcnow(), range(WINDOW_MIN + GRACE_MIN + 3))
+    assert all(result.samples == 2 and result.notified == [] and result.cancelled == [] for result in results), results
+    assert idle_events(session_factory, job["job_id"]) == []
+    with session_factory() as session:
+        assert session.scalars(select(EmailOutbox.id).where(EmailOutbox.account == watched)).all() == []
+        row = session.get(Job, job["job_id"])
+        assert row is not None and (row.idle_since, row.idle_notified_at, row.idle_cancelled_at, row.end_reason) == (None, None, None, None)
+        utilizations = sorted({(s.gpu_index, s.utilization_pct) for s in session.scalars(select(GpuSample).where(GpuSample.job_id == job["job_id"]))})
+        assert utilizations == sorted([(first, 90.0), (second, 0.0)])
+    assert "JobState=RUNNING" in slurm_cmd("scontrol", "show", "job", str(job["slurm_job_id"]))
