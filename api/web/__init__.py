@@ -12,7 +12,7 @@ from flask import Flask, redirect, url_for
 from flask_limiter import Limiter
 from werkzeug.wrappers import Response as BaseResponse
 
-from api.web import operator  # noqa: F401  (its routes join web_bp)
+from api.web import account_pages, operator  # noqa: F401  (their routes join web_bp)
 from api.web.pages import submit_job, web_bp, web_data_bp
 from api.web.session import configure_sessions
 from gpupool.config import Settings

@@ -65,6 +65,12 @@ PAGE_RULES = {
     "web.open_session": "sessions.get_session",
     "web.open_session_by_label": "sessions.get_session",
     "web_data.job_log_data": "jobs.job_logs",
+    "web.keys": "keys.index",
+    "web.create_key_page": "keys.create",
+    "web.revoke_key_page": "keys.revoke",
+    "web.members": "members.list_account_members",
+    "web.set_member_page": "members.put_member",
+    "web.remove_member_page": "members.delete_member",
 }
 CONTENT_SECURITY_POLICY = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 # How much of a log the job page shows before its script follows the rest.
