@@ -20,7 +20,8 @@ from gpupool.models.members import AccountMember
 members_bp = Blueprint("members", __name__)
 
 
-def _view(row: AccountMember) -> MemberOut:
+def member_view(row: AccountMember) -> MemberOut:
+    """A member as ``GET /account/members`` and the Members page show them: limits, GPUs in flight, this month's spend."""
     session = db_session()
     return MemberOut(
         subject=row.subject,
@@ -39,7 +40,7 @@ def _view(row: AccountMember) -> MemberOut:
 def list_account_members() -> Response:
     account = visible_account()
     rows = list_members(db_session(), account)
-    return jsonify(MemberList(members=[_view(row) for row in rows]).model_dump(mode="json"))
+    return jsonify(MemberList(members=[member_view(row) for row in rows]).model_dump(mode="json"))
 
 
 @members_bp.put("/account/members/<subject>")
@@ -57,7 +58,7 @@ def put_member(subject: str) -> Response:
         now=utcnow(),
     )
     session.commit()
-    return jsonify(_view(row).model_dump(mode="json"))
+    return jsonify(member_view(row).model_dump(mode="json"))
 
 
 @members_bp.delete("/account/members/<subject>")

@@ -14,16 +14,15 @@ from typing import Any
 from flask import redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
-from api.context import app_state, calendar_now, db_session, principal
+from api.context import app_state, db_session, principal
 from api.errors import status_for
+from api.members import member_view
 from api.web.pages import web_bp
-from billing.budgets import member_spent_nanos
-from billing.calendar import period_of
-from billing.money import MoneyError, format_nanos, parse_nanos
+from billing.money import MoneyError, parse_nanos
 from gpupool.api_keys import SCOPES, create_key, list_keys, require_key_manager, revoke_key
 from gpupool.db import utcnow
 from gpupool.errors import GpupoolError, ValidationFailed
-from gpupool.members import gpus_in_flight, list_members, remove_member, set_member
+from gpupool.members import list_members, remove_member, set_member
 from gpupool.models.members import MEMBER_ROLES
 
 # -- helpers ------------------------------------------------------------------
@@ -108,21 +107,7 @@ def revoke_key_page(key_id: str) -> BaseResponse:
 
 
 def _member_rows() -> list[dict[str, Any]]:
-    session = db_session()
-    account = principal().account
-    period = period_of(calendar_now())
-    return [
-        {
-            "subject": row.subject,
-            "role": row.role,
-            "gpu_limit": row.gpu_limit,
-            "monthly_limit": None if row.monthly_limit_nanos is None else format_nanos(row.monthly_limit_nanos),
-            "templates": row.templates,
-            "gpus_in_flight": gpus_in_flight(session, account, row.subject),
-            "spent_this_month": format_nanos(member_spent_nanos(session, account, row.subject, period)),
-        }
-        for row in list_members(session, account)
-    ]
+    return [member_view(row).model_dump(mode="json") for row in list_members(db_session(), principal().account)]
 
 
 def _members_page(*, error: GpupoolError | None = None, entered: dict[str, str] | None = None) -> tuple[str, int]:
