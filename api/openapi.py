@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import gpupool
+from api.event_schemas import EVENTS, event_models
 from api.jobs import MAX_LOG_LINES, MAX_LOG_OFFSET, MAX_PAGE
 from api.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
@@ -173,38 +174,24 @@ def _member_paths(auth_errors: tuple[int, ...], account_param: dict[str, Any]) -
 
 
 def _webhook_events() -> dict[str, Any]:
-    """OpenAPI 3.1 ``webhooks``: what gpupool POSTs to registered endpoints and callback URLs."""
-    headers = [
-        {"name": "Gpupool-Signature", "in": "header", "required": True, "schema": {"type": "string"}, "description": _SIGNATURE_DESCRIPTION},
-        {"name": "Gpupool-Event-Id", "in": "header", "required": True, "schema": {"type": "string"}, "description": "The event's id, also in the body: deduplicate on it (delivery is at least once)"},
-        {"name": "Gpupool-Event-Type", "in": "header", "required": True, "schema": {"enum": ["job.started", "job.ended", "job.preempted"]}},
-    ]
-    body = {
-        "type": "object",
-        "required": ["id", "type", "created_at", "data"],
-        "properties": {
-            "id": {"type": "string"},
-            "type": {"enum": ["job.started", "job.ended", "job.preempted"]},
-            "created_at": {"type": "string", "format": "date-time"},
-            "data": {"type": "object", "properties": {"job": {"type": "object", "description": "state, exit_code, exit_signal, elapsed_s, end_reason (why gpupool ended it: an idle session), times, gpus; gpu_seconds once billed, else null"}}},
-        },
-    }
+    """OpenAPI 3.1 ``webhooks``: what gpupool POSTs to registered endpoints and callback URLs (api.event_schemas)."""
     answer = {"2XX": {"description": "Received; any other answer, or none within the timeout, is retried with backoff for 24 h"}}
-    return {
-        event: {
+    documented = {}
+    for event, (model, summary) in EVENTS.items():
+        headers = [
+            {"name": "Gpupool-Signature", "in": "header", "required": True, "schema": {"type": "string"}, "description": _SIGNATURE_DESCRIPTION},
+            {"name": "Gpupool-Event-Id", "in": "header", "required": True, "schema": {"type": "string"}, "description": "The event's id, also in the body: deduplicate on it (delivery is at least once)"},
+            {"name": "Gpupool-Event-Type", "in": "header", "required": True, "schema": {"const": event}},
+        ]
+        documented[event] = {
             "post": {
                 "summary": summary,
                 "parameters": headers,
-                "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+                "requestBody": {"required": True, "content": _json(model.__name__)},
                 "responses": answer,
             }
         }
-        for event, summary in (
-            ("job.started", "A job started running (a requeued spot job: each run)"),
-            ("job.preempted", "A spot job was preempted by a full-price job: requeued, it runs again later"),
-            ("job.ended", "A job ended, with its final state and exit code"),
-        )
-    }
+    return documented
 
 
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
@@ -212,7 +199,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
         WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut, TaskList, TaskOut, ReportOut,
         MemberIn, MemberOut, MemberList,
-        KeyCreate, KeyCreated, KeyList, AlertsIn, AlertsOut,
+        KeyCreate, KeyCreated, KeyList, AlertsIn, AlertsOut, *event_models(),
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from flask import request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -303,11 +303,12 @@ class SubmitOut(JobOut):
     )
 
 
+# gpupool.webhooks.EVENT_TYPES, spelled out for pydantic and mypy; tests/unit/test_event_schemas.py holds them together.
 WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "job.idle", "budget.threshold", "budget.forecast"]
 
 
 def _every_event_type() -> list[WebhookEventType]:
-    return ["job.started", "job.ended", "job.preempted", "job.idle", "budget.threshold", "budget.forecast"]
+    return list(get_args(WebhookEventType))
 
 
 class WebhookCreate(BaseModel):

@@ -52,9 +52,8 @@ from gpupool.models import (
 )
 from gpupool.models.alerts import DEFAULT_THRESHOLDS, EMAIL_PENDING
 from gpupool.models.webhooks import PENDING
+from gpupool.webhooks import BUDGET_FORECAST, BUDGET_THRESHOLD
 
-BUDGET_THRESHOLD = "budget.threshold"
-BUDGET_FORECAST = "budget.forecast"
 CREDIT = "credit"
 LIMIT = "limit"
 FORECAST = "forecast"  # alerts_sent.kind of a run-out forecast

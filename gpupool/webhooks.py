@@ -76,7 +76,15 @@ JOB_PREEMPTED = "job.preempted"
 # Every GPU of a running job stayed under its idle policy's threshold for the policy's window
 # (gpupool.gpu_usage.idle); sent once per idle spell, by `gpupool idle check`.
 JOB_IDLE = "job.idle"
-EVENT_TYPES = (JOB_STARTED, JOB_ENDED, JOB_PREEMPTED, JOB_IDLE)
+# What a job's callback_url hears: the events about that job.
+JOB_EVENT_TYPES = (JOB_STARTED, JOB_ENDED, JOB_PREEMPTED, JOB_IDLE)
+# About an account, not a job: a billing pass crossed a spend threshold, or forecasts the
+# budget's end at the last 24 hours' rate (billing.alerts).
+BUDGET_THRESHOLD = "budget.threshold"
+BUDGET_FORECAST = "budget.forecast"
+ACCOUNT_EVENT_TYPES = (BUDGET_THRESHOLD, BUDGET_FORECAST)
+# Every type an endpoint may ask for; api.schemas.WebhookEventType spells the same list for pydantic.
+EVENT_TYPES = JOB_EVENT_TYPES + ACCOUNT_EVENT_TYPES
 _PREEMPTED = "PREEMPTED"
 SIGNATURE_HEADER = "Gpupool-Signature"
 MAX_BACKOFF_S = 3600.0
@@ -650,7 +658,7 @@ def add_job_callback(settings: Settings, session: Session, job: Job, url: str) -
     """A submit's ``callback_url``: an endpoint for this job alone, added to the job row's transaction."""
     check_destination(url, allowed_networks(settings.webhook_allow_cidrs, "webhook_allow_cidrs"))
     endpoint = WebhookEndpoint(
-        id=str(uuid.uuid4()), account=job.account, job_id=job.id, url=url, events=",".join(EVENT_TYPES),
+        id=str(uuid.uuid4()), account=job.account, job_id=job.id, url=url, events=",".join(JOB_EVENT_TYPES),
         secret=new_secret(), created_at=utcnow(),
     )
     session.add(endpoint)

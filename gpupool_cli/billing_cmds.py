@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy.orm import sessionmaker
 
 from billing import passes
-from billing.alerts import check_thresholds, set_alert_settings
+from billing.alerts import MAX_FORECAST_HOURS, check_thresholds, set_alert_settings
 from billing.budgets import balance
 from billing.calendar import check_period, period_of
 from billing.enforcement import cancel_exhausted, push_budgets
@@ -22,7 +22,7 @@ from billing.sacct import XDMOD_FIELDS
 from gpupool import db
 from gpupool.clock import utc_text
 from gpupool.config import Settings
-from gpupool.errors import GpupoolError, NotFound
+from gpupool.errors import GpupoolError, NotFound, ValidationFailed
 from gpupool.models import Account, Adjustment
 from gpupool.slurm.client import SlurmClient
 
@@ -238,8 +238,14 @@ def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
             account.prepaid_credit_nanos = args.credit
         if args.monthly_limit is not _UNSET:
             account.monthly_limit_nanos = args.monthly_limit
-        if args.alert_thresholds is not None or args.alert_email is not None:
-            set_alert_settings(session, args.name, args.alert_thresholds, args.alert_email, now)
+        if args.alert_thresholds is not None or args.alert_email is not None or args.forecast_hours is not _UNSET:
+            try:
+                set_alert_settings(
+                    session, args.name, args.alert_thresholds, args.alert_email, now,
+                    **({} if args.forecast_hours is _UNSET else {"forecast_hours": args.forecast_hours}),
+                )
+            except ValueError as exc:
+                raise ValidationFailed(str(exc)) from exc
         session.flush()
         summary = balance(session, args.name, now).as_json()
     shown = ", ".join(f"{key}={value if value is not None else '-'}" for key, value in summary.items())
@@ -256,6 +262,18 @@ def _thresholds(text: str) -> tuple[int, ...]:
         return check_thresholds(int(part) for part in text.split(","))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _forecast_hours(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        hours = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"hours must be a whole number or none, not {text!r}") from None
+    if not 1 <= hours <= MAX_FORECAST_HOURS:
+        raise argparse.ArgumentTypeError(f"hours must be 1 to {MAX_FORECAST_HOURS}, or none")
+    return hours
 
 
 def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._SubParsersAction) -> None:
@@ -317,4 +335,8 @@ def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._
         "--alert-thresholds", type=_thresholds, help="spend alerts at these percentages of the credit / limit, e.g. 50,80,100"
     )
     account_set.add_argument("--alert-email", help="email spend alerts here (needs smtp_host); 'none' to stop")
+    account_set.add_argument(
+        "--forecast-hours", type=_forecast_hours, default=_UNSET,
+        help="alert (budget.forecast) when the last 24 hours' rate empties a budget within this many hours; 'none': off",
+    )
     account_set.set_defaults(handler=cmd_account_set)

@@ -20,6 +20,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
+from api.event_schemas import validate_event
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.gpu_usage.idle import CheckResult, check_idle, set_policy
@@ -112,6 +113,7 @@ def test_a_job_idle_on_both_gpus_gets_job_idle_then_is_cancelled_after_the_grace
     assert idle["gpus"] == [{"node": NODE, "index": first}, {"node": NODE, "index": second}]
     assert idle["policy"] == {"window_min": WINDOW_MIN, "threshold_pct": THRESHOLD_PCT, "grace_min": GRACE_MIN, "cancel": True, "source": f"account {watched}"}
     assert events[0]["data"]["job"]["job_id"] == job_id
+    validate_event(events[0])  # as the OpenAPI document's webhooks section describes it
     with session_factory() as session:
         deliveries = session.scalars(select(WebhookDelivery.endpoint_id).join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id).where(WebhookEvent.job_id == job_id)).all()
         assert deliveries == [f"ep-idle-{watched}"]

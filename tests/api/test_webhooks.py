@@ -14,6 +14,7 @@ from gpupool_client import InvalidSignature, verify_signature
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
+from api.event_schemas import validate_event
 from gpupool.config import Settings
 from gpupool.models import WebhookAttempt, WebhookEndpoint
 from gpupool.webhooks import WebhookSender
@@ -117,6 +118,8 @@ def test_receiver_gets_one_signed_job_ended_per_job(
     events = [verify_signature(r.body, r.headers["Gpupool-Signature"], str(endpoint["secret"])) for r in receiver.at("/all")]
     assert sorted(event["data"]["job"]["job_id"] for event in events) == sorted(job_ids)
     assert {event["type"] for event in events} == {"job.ended"}
+    for event in events:  # as the OpenAPI document's webhooks section describes them, nothing more
+        validate_event(event)
     assert all(event["data"]["job"]["state"] == "COMPLETED" and event["data"]["job"]["exit_code"] == 0 for event in events)
     assert len({event["id"] for event in events}) == 2
     assert all(r.headers["Gpupool-Event-Id"] == json_id for r, json_id in zip(receiver.at("/all"), [e["id"] for e in events], strict=True))

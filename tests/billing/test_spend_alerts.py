@@ -17,14 +17,25 @@ import pytest
 from aiosmtpd.controller import Controller
 from sqlalchemy import func, select
 
+from api.event_schemas import validate_event
 from billing import passes
-from billing.alerts import BUDGET_FORECAST, BUDGET_THRESHOLD, fire_alerts, set_alert_settings
+from billing.alerts import fire_alerts, set_alert_settings
 from billing.report.alerts import alerts_sent as report_alerts
 from billing.sacct import SACCT_FIELDS
 from gpupool.email_outbox import send_due
-from gpupool.models import Account, Adjustment, AlertSent, EmailOutbox, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from gpupool.models import (
+    Account,
+    Adjustment,
+    AlertSent,
+    AlertSettings,
+    EmailOutbox,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
 from gpupool.models.alerts import EMAIL_PENDING, EMAIL_SENT
 from gpupool.slurm.client import SlurmClient
+from gpupool.webhooks import BUDGET_FORECAST, BUDGET_THRESHOLD
 from tests.billing.conftest import LedgerDb, _prepare
 from tests.conftest import bearer, create_app_for_tests, create_database, drop_database
 from tests.support.sacct_dumps import as_pass_output
@@ -131,6 +142,8 @@ def test_each_threshold_fires_once_with_one_webhook_and_one_email(ledger: Ledger
         "currency": ledger.settings.currency, "period": "credit:1.00",
     }
     assert {p["type"] for p in payloads} == {BUDGET_THRESHOLD}
+    for payload in payloads:
+        validate_event(payload)
     # A top-up is a new grant: its thresholds are armed again (1.08 of 2.00 is past 50 %).
     with ledger.sessions() as session, session.begin():
         account = session.get(Account, "acme")
@@ -237,6 +250,28 @@ def test_a_run_out_forecast_fires_once_when_the_last_days_rate_empties_the_credi
         (payload,) = [e.payload for e in session.scalars(select(WebhookEvent))]
         (email,) = session.scalars(select(EmailOutbox)).all()
     assert payload["type"] == BUDGET_FORECAST
+    validate_event(payload)
     alert = payload["data"]["alert"]
     assert (alert["remaining"], alert["rate_per_hour"], alert["hours_left"], alert["forecast_hours"]) == ("0.76", "0.01", "76.0", 100)
     assert "about 76.0 hours" in email.subject
+
+
+def test_the_operator_sets_thresholds_recipient_and_forecast_from_the_command_line(ledger: LedgerDb) -> None:
+    """``gpupool account set`` writes what ``GET /account/alerts`` then shows; bad values exit non-zero, changing nothing."""
+    ledger.add_account("acme", prepaid_credit_nanos=CREDIT_NANOS)
+    done = ledger.cli(
+        "account", "set", "acme", "--alert-thresholds", "75,25", "--alert-email", "ops@acme.example", "--forecast-hours", "48"
+    )
+    assert done.returncode == 0, done.stderr
+    client = create_app_for_tests(ledger.settings, SlurmClient(ledger.settings), ledger.sessions).test_client()
+    shown = client.get("/account/alerts", headers=bearer(ledger.settings, "acme")).get_json()
+    assert (shown["thresholds"], shown["forecast_hours"]) == ([25, 75], 48)
+    for bad, message in ((("--forecast-hours", "0"), "1 to 2160"), (("--forecast-hours", "soon"), "whole number"),
+                         (("--alert-thresholds", "50,120"), "threshold")):
+        refused = ledger.cli("account", "set", "acme", *bad)
+        assert refused.returncode != 0 and message in refused.stderr, refused.stderr
+    # Only the flag given changes: the recipient and thresholds stay, the forecast goes off.
+    assert ledger.cli("account", "set", "acme", "--forecast-hours", "none").returncode == 0
+    with ledger.sessions() as session:
+        row = session.get(AlertSettings, "acme")
+        assert row is not None and (row.thresholds, row.email, row.forecast_hours) == ("25,75", "ops@acme.example", None)
