@@ -16,6 +16,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from api.admin import admin_bp
 from api.alerts import alerts_bp
+from api.audit import audit_bp
 from api.auth import authenticate, rate_limit_key
 from api.billing import billing_bp
 from api.caches import ExpiringCache, TimedCache
@@ -126,7 +127,7 @@ def create_app(
         raise ConfigError(f"ratelimit_unauthenticated: {exc}") from exc
 
     for blueprint in (
-        meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, alerts_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp, keys_bp, members_bp
+        meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, alerts_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp, keys_bp, members_bp, audit_bp
     ):
         app.register_blueprint(blueprint)
     register_pages(app, settings, limiter)

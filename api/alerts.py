@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
+from api.audit import audit
 from api.billing import visible_account
 from api.context import app_state, calendar_now, db_session
 from api.schemas import AlertsIn, AlertsOut, json_object, request_body
 from billing.alerts import alert_status, set_alert_settings
+from gpupool.audit import ALERTS_SET
 
 alerts_bp = Blueprint("alerts", __name__)
 
@@ -37,5 +39,6 @@ def put_alerts() -> Response:
         set_alert_settings(session, account, thresholds, None, calendar_now(), forecast_hours=body.forecast_hours)
     else:
         set_alert_settings(session, account, thresholds, None, calendar_now())
+    audit(ALERTS_SET, account=account, target=account, details=body.model_dump(exclude_unset=True))
     session.commit()
     return _answer(account)

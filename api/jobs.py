@@ -13,6 +13,7 @@ from flask import Blueprint, Response, jsonify, request, url_for
 from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
+from api.audit import audit
 from api.context import app_state, db_session, principal
 from api.metrics import JOBS_SUBMITTED
 from api.schemas import (
@@ -32,6 +33,7 @@ from api.schemas import (
 from api.submission import Quote, quote, submit
 from billing.money import format_nanos
 from gpupool import joblogs
+from gpupool.audit import JOB_CANCEL, TASK_CANCEL
 from gpupool.db import utcnow
 from gpupool.errors import (
     BadRequest,
@@ -409,6 +411,8 @@ def cancel_task(job_id: str, index: str) -> tuple[Response, int]:
     except CommandFailed as exc:
         if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
             raise
+    audit(TASK_CANCEL, account=job.account, target=f"{job.id}/{task.task_index}")
+    db_session().commit()
     return jsonify(_task_view(job, task, utcnow())), 202
 
 
@@ -426,6 +430,8 @@ def cancel_job(job_id: str) -> tuple[Response, int]:
     except CommandFailed as exc:
         if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
             raise
+    audit(JOB_CANCEL, account=job.account, target=job.id)
+    db_session().commit()
     return jsonify(job_view(job)), 202
 
 

@@ -6,9 +6,11 @@ import datetime as dt
 
 from flask import Blueprint, Response, g, jsonify
 
+from api.audit import audit
 from api.context import app_state, db_session
 from api.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, json_object, request_body
-from gpupool.api_keys import create_key, list_keys, require_key_manager, revoke_key
+from gpupool.api_keys import create_key, key_details, list_keys, require_key_manager, revoke_key
+from gpupool.audit import KEY_CREATE, KEY_REVOKE
 from gpupool.clock import utc_text
 from gpupool.db import utcnow
 from gpupool.models.api_keys import ApiKey
@@ -37,6 +39,7 @@ def create() -> tuple[Response, int]:
         session, app_state().settings, g.principal, name=body.name, scope=body.scope, days=body.expires_in_days,
         templates=body.templates, known_templates=set(app_state().templates), now=utcnow(),
     )
+    audit(KEY_CREATE, account=made.row.account, target=made.row.id, details=key_details(made.row))
     session.commit()
     # The only time the secret is ever shown.
     created = KeyCreated(**_view(made.row).model_dump(), key=made.secret)
@@ -54,6 +57,7 @@ def index() -> Response:
 def revoke(key_id: str) -> tuple[str, int]:
     require_key_manager(g.principal)
     session = db_session()
-    revoke_key(session, g.principal, key_id, utcnow())
+    row = revoke_key(session, g.principal, key_id, utcnow())
+    audit(KEY_REVOKE, account=row.account, target=row.id)
     session.commit()
     return "", 204

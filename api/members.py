@@ -5,14 +5,18 @@ Account admins manage them; an operator token may name any account with ``?accou
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, Response, jsonify
 
+from api.audit import audit
 from api.billing import visible_account
 from api.context import app_state, calendar_now, db_session, principal
 from api.schemas import MemberIn, MemberList, MemberOut, json_object, request_body
 from billing.budgets import member_spent_nanos
 from billing.calendar import period_of
 from billing.money import format_nanos, parse_nanos
+from gpupool.audit import MEMBER_REMOVE, MEMBER_SET
 from gpupool.db import utcnow
 from gpupool.members import gpus_in_flight, list_members, remove_member, set_member
 from gpupool.models.members import AccountMember
@@ -36,6 +40,14 @@ def member_view(row: AccountMember) -> MemberOut:
     )
 
 
+def member_details(row: AccountMember) -> dict[str, Any]:
+    """What the audit log keeps of a member's new standing."""
+    return {
+        "role": row.role, "gpu_limit": row.gpu_limit, "templates": row.templates,
+        "monthly_limit": None if row.monthly_limit_nanos is None else format_nanos(row.monthly_limit_nanos),
+    }
+
+
 @members_bp.get("/account/members")
 def list_account_members() -> Response:
     account = visible_account()
@@ -57,6 +69,7 @@ def put_member(subject: str) -> Response:
         enrolling=None if caller.is_admin or caller.account != account else caller.sub,
         now=utcnow(),
     )
+    audit(MEMBER_SET, account=account, target=subject, details=member_details(row))
     session.commit()
     return jsonify(member_view(row).model_dump(mode="json"))
 
@@ -66,6 +79,7 @@ def delete_member(subject: str) -> tuple[str, int]:
     account = visible_account()
     session = db_session()
     remove_member(session, account, subject)
+    audit(MEMBER_REMOVE, account=account, target=subject)
     session.commit()
     # Cached token standings carry the old membership until token_check_cache_s passes; keys see it at once.
     return "", 204

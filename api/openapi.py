@@ -14,6 +14,7 @@ from api.schemas import (
     JOB_STATES,
     AlertsIn,
     AlertsOut,
+    AuditList,
     DeliveryList,
     ErrorOut,
     JobList,
@@ -39,6 +40,7 @@ from api.schemas import (
 from api.webhooks import MAX_CURSOR_DIGITS, MAX_DELIVERY_PAGE
 from billing.calendar import PERIOD
 from billing.report.schema import ReportOut
+from gpupool.audit import MAX_PAGE as AUDIT_MAX_PAGE
 from gpupool.config import Settings
 from gpupool.templates import Template
 
@@ -146,6 +148,24 @@ def _key_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
+def _audit_paths(auth_errors: tuple[int, ...], account_param: dict[str, Any]) -> dict[str, Any]:
+    """``/account/audit``: who changed the account's keys, members, alerts and webhooks (api.audit)."""
+    number = {"type": "integer", "minimum": 1}
+    return {
+        "/account/audit": {
+            "get": {
+                "summary": "The account's audit log, newest first (account admins)",
+                "parameters": [
+                    {"name": "limit", "in": "query", "schema": {**number, "maximum": AUDIT_MAX_PAGE, "default": 100}},
+                    {"name": "before", "in": "query", "schema": number, "description": "next_before of the previous page"},
+                    account_param,
+                ],
+                "responses": {"200": {"description": "Events", "content": _json("AuditList")}, **_errors(403, 404, 422, *auth_errors)},
+            }
+        },
+    }
+
+
 def _member_paths(auth_errors: tuple[int, ...], account_param: dict[str, Any]) -> dict[str, Any]:
     """``/account/members``: the account's people, for its admins (api.members, gpupool.members)."""
     subject = {"name": "subject", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 255}}
@@ -199,7 +219,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
         WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut, TaskList, TaskOut, ReportOut,
         MemberIn, MemberOut, MemberList,
-        KeyCreate, KeyCreated, KeyList, AlertsIn, AlertsOut, *event_models(),
+        KeyCreate, KeyCreated, KeyList, AlertsIn, AlertsOut, AuditList, *event_models(),
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
@@ -388,6 +408,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
             **_webhook_paths(auth_errors),
             **_key_paths(auth_errors),
             **_member_paths(auth_errors, account_param),
+            **_audit_paths(auth_errors, account_param),
             "/admin/report": {
                 "get": {
                     "summary": "Admin tokens only (404 to anyone else): revenue, utilization, queue wait and payback",

@@ -426,6 +426,25 @@ class KeyList(BaseModel):
     keys: list[KeyOut]
 
 
+class AuditOut(BaseModel):
+    id: int
+    at: str = Field(description="UTC, ISO 8601 with Z")
+    actor: str = Field(description="The token's or key's subject; operator:<user> for the operator's command line")
+    via: str = Field(description="token, key (an API key), page (a signed-in web session) or cli (the operator)")
+    credential: str | None = Field(description="The token's id, or key:<id> for an API key; never a secret")
+    address: str | None = Field(description="The client's address as the API saw it")
+    action: str = Field(description="key.create, key.revoke, member.set, member.remove, alerts.set, webhook.create, "
+                        "webhook.delete, job.cancel, task.cancel, signin, signout, or an operator's account.*, token.*, "
+                        "price.set, adjustment.add, idle_policy.*")
+    target: str | None
+    details: dict[str, Any] | None = Field(description="What was asked for: scope, role, limits, thresholds; never a secret")
+
+
+class AuditList(BaseModel):
+    events: list[AuditOut] = Field(description="Newest first")
+    next_before: int | None = Field(description="Pass as ?before= for older events; null on the last page")
+
+
 def _thresholds(values: list[int]) -> list[int]:
     return list(check_thresholds(values))
 

@@ -8,6 +8,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request, url_for
 from sqlalchemy import select
 
+from api.audit import audit
 from api.context import app_state, db_session, principal
 from api.schemas import (
     DeliveryAttemptOut,
@@ -18,11 +19,12 @@ from api.schemas import (
     json_object,
     request_body,
 )
+from gpupool.audit import WEBHOOK_CREATE, WEBHOOK_DELETE
 from gpupool.config import allowed_networks
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, Conflict, NotFound
 from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
-from gpupool.webhooks import check_destination, new_secret
+from gpupool.webhooks import check_destination, new_secret, url_origin
 
 webhooks_bp = Blueprint("webhooks", __name__)
 
@@ -73,6 +75,7 @@ def create_webhook() -> tuple[Response, int, dict[str, str]]:
         created_at=utcnow(),
     )
     session.add(endpoint)
+    audit(WEBHOOK_CREATE, account=account, target=endpoint.id, details={"destination": url_origin(wanted.url), "events": endpoint.events})
     session.commit()
     created = WebhookCreated(**_endpoint_view(endpoint), secret=endpoint.secret).model_dump(mode="json")
     return jsonify(created), 201, {"Location": url_for("webhooks.list_deliveries", endpoint_id=endpoint.id)}
@@ -96,6 +99,7 @@ def list_webhooks() -> Response:
 def delete_webhook(endpoint_id: str) -> tuple[str, int]:
     endpoint = _own_endpoint(endpoint_id)
     endpoint.deleted_at = utcnow()  # kept, so its deliveries' history stays readable in the database
+    audit(WEBHOOK_DELETE, account=endpoint.account, target=endpoint.id)
     db_session().commit()
     return "", 204
 

@@ -12,10 +12,12 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import Forbidden, NotFound, Unauthorized, ValidationFailed
 from gpupool.members import KEY_SCOPES_BY_ROLE, membership_of, require_member
@@ -104,13 +106,20 @@ def list_keys(session: Session, caller: Principal) -> list[ApiKey]:
     return list(session.scalars(query.order_by(ApiKey.created_at, ApiKey.id)))
 
 
-def revoke_key(session: Session, caller: Principal, key_id: str, now: dt.datetime) -> None:
+def revoke_key(session: Session, caller: Principal, key_id: str, now: dt.datetime) -> ApiKey:
+    """Revoke one of the caller's account's keys (at once: every request reads its row); the row."""
     row = session.get(ApiKey, key_id)
     # Another account's key (or, for a member, another member's) reads as absent: ids are not for guessing.
     if row is None or row.account != caller.account or not (_manages_all_keys(caller) or row.created_by == caller.sub):
         raise NotFound(f"no key {key_id!r} in this account")
     if row.revoked_at is None:
         row.revoked_at = now
+    return row
+
+
+def key_details(row: ApiKey) -> dict[str, Any]:
+    """What the audit log keeps of a new key: what it may do and until when, never its secret."""
+    return {"name": row.name, "scope": row.scope, "templates": row.templates, "expires_at": utc_text(row.expires_at)}
 
 
 def principal_for_key(session: Session, token: str, now: dt.datetime) -> Principal:

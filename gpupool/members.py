@@ -70,6 +70,8 @@ ENDPOINT_ROLES: Mapping[str, frozenset[str]] = {
     "members.list_account_members": ADMINS,
     "members.put_member": ADMINS,
     "members.delete_member": ADMINS,
+    # Who did what in the account, from where: its admins.
+    "audit.list_audit": ADMINS,
     "templates.list_templates": ALL_ROLES,
     "admin.get_report": ALL_ROLES,  # operators only, checked by api.admin itself
 }

@@ -96,6 +96,14 @@ def new_secret() -> str:
     return "whsec_" + secrets.token_hex(32)
 
 
+def url_origin(url: str) -> str:
+    """scheme://host[:port] of a receiver's URL: its path and query may hold the receiver's own secret (Slack's do)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{shown}" + (f":{parts.port}" if parts.port else "")
+
+
 def signature_header(body: bytes, secret: str, timestamp: int) -> str:
     digest = hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
     return f"t={timestamp},v1={digest}"

@@ -19,7 +19,7 @@ from billing.money import MoneyError, format_nanos, parse_nanos
 from billing.price_book import ANY_GPU_TYPE, NORMAL_TIER, SPOT_TIER
 from billing.prices import price_table, set_price
 from billing.sacct import XDMOD_FIELDS
-from gpupool import db
+from gpupool import audit, db
 from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import GpupoolError, NotFound, ValidationFailed
@@ -170,6 +170,10 @@ def cmd_price_set(settings: Settings, args: argparse.Namespace) -> int:
     effective = args.effective_from or dt.datetime.now(dt.UTC).replace(microsecond=0)
     with sessions() as session, session.begin():
         set_price(session, args.gpu_type, args.price, effective, args.tier)
+        audit.record(
+            session, audit.operator_actor(), audit.PRICE_SET, account=None, target=args.gpu_type, now=dt.datetime.now(dt.UTC),
+            details={"price": format_nanos(args.price), "tier": args.tier, "from": utc_text(effective)},
+        )
     print(
         f"{args.gpu_type} ({args.tier}): {format_nanos(args.price)} {settings.currency} per GPU-second "
         f"from {utc_text(effective)}"
@@ -203,6 +207,11 @@ def cmd_adjust(settings: Settings, args: argparse.Namespace) -> int:
         session.add(adjustment)
         session.flush()
         adjustment_id = adjustment.id
+        audit.record(
+            session, audit.operator_actor(), audit.ADJUSTMENT_ADD, account=args.account, target=str(adjustment_id),
+            details={"amount": format_nanos(args.amount), "period": period, "reason": args.reason, "by": args.by},
+            now=dt.datetime.now(dt.UTC),
+        )
     print(f"adjustment {adjustment_id}: {format_nanos(args.amount)} {settings.currency} on {args.account}'s {period} invoice")
     return 0
 
@@ -247,6 +256,7 @@ def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
             except ValueError as exc:
                 raise ValidationFailed(str(exc)) from exc
         session.flush()
+        audit.record(session, audit.operator_actor(), audit.ACCOUNT_SET, account=args.name, now=now, details=_account_set_details(args))
         summary = balance(session, args.name, now).as_json()
     shown = ", ".join(f"{key}={value if value is not None else '-'}" for key, value in summary.items())
     print(f"account {args.name}: {shown} ({settings.currency})")
@@ -255,6 +265,22 @@ def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
 
 
 _UNSET = object()
+
+
+def _account_set_details(args: argparse.Namespace) -> dict[str, object]:
+    """The flags given, as the audit log keeps them."""
+    given: dict[str, object] = {}
+    for name in ("credit", "monthly_limit"):
+        value = getattr(args, name)
+        if value is not _UNSET:
+            given[name] = None if value is None else format_nanos(value)
+    if args.alert_thresholds is not None:
+        given["alert_thresholds"] = list(args.alert_thresholds)
+    if args.alert_email is not None:
+        given["alert_email"] = args.alert_email
+    if args.forecast_hours is not _UNSET:
+        given["forecast_hours"] = args.forecast_hours
+    return given
 
 
 def _thresholds(text: str) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
-from gpupool import db
+from gpupool import audit, db
 from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import ConfigError
@@ -55,6 +55,11 @@ def cmd_policy_set(settings: Settings, args: argparse.Namespace) -> int:
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        audit.record(
+            session, audit.operator_actor(), audit.IDLE_POLICY_SET, account=name if scope == ACCOUNT else None,
+            target=f"{scope} {name}", now=db.utcnow(),
+            details={"window_min": args.window_min, "threshold_pct": args.threshold_pct, "grace_min": args.grace_min, "cancel": args.cancel},
+        )
     then = f"cancel {args.grace_min} min later" if args.cancel else "never cancel"
     print(f"idle policy for {scope} {name}: job.idle after {args.window_min} min under {args.threshold_pct}% on every GPU, {then}")
     return 0
@@ -84,6 +89,11 @@ def cmd_policy_delete(settings: Settings, args: argparse.Namespace) -> int:
     scope, name = _scope(args)
     with db.migrated_sessions(settings.database_url)() as session, session.begin():
         gone = session.execute(delete(IdlePolicy).where(IdlePolicy.scope == scope, IdlePolicy.name == name))
+        if getattr(gone, "rowcount", 0):
+            audit.record(
+                session, audit.operator_actor(), audit.IDLE_POLICY_DELETE, account=name if scope == ACCOUNT else None,
+                target=f"{scope} {name}", now=db.utcnow(),
+            )
     if not getattr(gone, "rowcount", 0):
         raise ConfigError(f"no idle policy for {scope} {name}")
     print(f"idle policy for {scope} {name} deleted")

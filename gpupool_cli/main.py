@@ -7,6 +7,7 @@ Exit status: 0 on success, 1 when gpupool refuses or a dependency fails
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 
 from billing.money import format_nanos
-from gpupool import db
+from gpupool import audit, db
 from gpupool.config import Settings, load_settings
 from gpupool.containers import docker_runtime_refusal
 from gpupool.db.roles import ServiceRoles, apply_grants
@@ -24,6 +25,7 @@ from gpupool.models import ACCOUNT_NAME, Account
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.runas import exec_lean_helper
 from gpupool.slurm.tenants import ensure_tenant_folder, ensure_tenant_user
+from gpupool_cli.audit_cmds import add_audit_parsers
 from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool_cli.idle_cmds import add_idle_parsers
 from gpupool_cli.member_cmds import add_member_parsers
@@ -86,6 +88,10 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
             verb = "updated"
         account.gpu_limit = args.gpu_limit
         account.unix_user, account.unix_uid = tenant.user, tenant.uid
+        audit.record(
+            session, audit.operator_actor(), audit.ACCOUNT_CREATE, account=args.name, now=dt.datetime.now(dt.UTC),
+            details={"gpu_limit": args.gpu_limit, "unix_user": tenant.user, "existed": verb == "updated"},
+        )
     limit = "no GPU limit" if args.gpu_limit is None else f"GrpTRES=gres/gpu={args.gpu_limit}"
     print(f"account {args.name} {verb} ({limit}; jobs run as Unix user {tenant.user}, uid {tenant.uid})")
     refusal = docker_runtime_refusal(settings)
@@ -157,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parsers(sub)
     add_session_parsers(sub)
     add_idle_parsers(sub)
+    add_audit_parsers(sub)
 
     runas = sub.add_parser("runas", help="the root helper that submits and cancels as tenants").add_subparsers(
         dest="runas_command", required=True

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from billing.budgets import member_spent_nanos
 from billing.calendar import period_of
 from billing.money import format_nanos, parse_nanos
-from gpupool import db
+from gpupool import audit, db
 from gpupool.config import Settings
 from gpupool.members import gpus_in_flight, list_members, remove_member, set_member
 from gpupool.models import Account
@@ -29,6 +29,10 @@ def cmd_member_set(settings: Settings, args: argparse.Namespace) -> int:
             enrolling=None, now=dt.datetime.now(dt.UTC),
         )
         role = row.role
+        audit.record(
+            session, audit.operator_actor(), audit.MEMBER_SET, account=args.account, target=args.subject, now=dt.datetime.now(dt.UTC),
+            details={"role": row.role, "gpu_limit": row.gpu_limit, "monthly_limit": args.monthly_limit, "templates": row.templates},
+        )
     print(f"{args.subject} is a {role} of account {args.account}; tokens already in use see it within {settings.token_check_cache_s:g} s")
     return 0
 
@@ -54,6 +58,7 @@ def cmd_member_list(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_member_remove(settings: Settings, args: argparse.Namespace) -> int:
     with db.migrated_sessions(settings.database_url)() as session, session.begin():
         remove_member(session, args.account, args.subject)
+        audit.record(session, audit.operator_actor(), audit.MEMBER_REMOVE, account=args.account, target=args.subject, now=dt.datetime.now(dt.UTC))
     print(f"{args.subject} is no longer a member of account {args.account}; their tokens and keys are refused from now on")
     return 0
 

@@ -7,10 +7,11 @@ import datetime as dt
 import sys
 from collections.abc import Callable
 
+import jwt
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool import db
+from gpupool import audit, db
 from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import NotFound
@@ -37,6 +38,12 @@ def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
             account=args.account,
             role="admin" if args.admin else "customer",
             ttl_s=args.ttl,
+        )
+        # Our own token, just signed: read back for its id and expiry, not trusted for anything.
+        claims = jwt.decode(token, options={"verify_signature": False})
+        audit.record(
+            session, audit.operator_actor(), audit.TOKEN_CREATE, account=args.account, target=claims["jti"],
+            details={"subject": args.user, "role": claims["role"], "expires_at": claims["exp"]}, now=dt.datetime.now(dt.UTC),
         )
     print(token)  # alone on stdout: scripts capture it
     return 0
@@ -70,6 +77,11 @@ def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
     with db.migrated_sessions(settings.database_url)() as session, session.begin():
         token, newly = revoke_token(session, args.jti, by=args.by, reason=args.reason, now=dt.datetime.now(dt.UTC))
         revoked_at = token.revoked_at
+        if newly:
+            audit.record(
+                session, audit.operator_actor(), audit.TOKEN_REVOKE, account=token.account, target=args.jti,
+                details={"reason": args.reason, "by": args.by}, now=dt.datetime.now(dt.UTC),
+            )
     assert revoked_at is not None
     if newly:
         print(f"token {args.jti} revoked; the API refuses it within {settings.token_check_cache_s:g} s")
@@ -84,6 +96,10 @@ def cmd_account_disable(settings: Settings, args: argparse.Namespace) -> int:
         if account.disabled_at is None:
             account.disabled_at = dt.datetime.now(dt.UTC)
             state = "disabled"
+            audit.record(
+                session, audit.operator_actor(), audit.ACCOUNT_DISABLE, account=args.name, now=account.disabled_at,
+                details={"keep_jobs": args.keep_jobs},
+            )
         else:
             state = f"already disabled since {utc_text(account.disabled_at)}"
     # After the commit: from here on no new token check passes, so the queue only shrinks.
@@ -101,6 +117,8 @@ def cmd_account_enable(settings: Settings, args: argparse.Namespace) -> int:
         account = _existing_account(session, args.name)
         was_disabled = account.disabled_at is not None
         account.disabled_at = None
+        if was_disabled:
+            audit.record(session, audit.operator_actor(), audit.ACCOUNT_ENABLE, account=args.name, now=dt.datetime.now(dt.UTC))
     if was_disabled:
         print(f"account {args.name} enabled; its tokens that are neither revoked nor expired work again")
     else:

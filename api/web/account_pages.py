@@ -14,12 +14,14 @@ from typing import Any
 from flask import redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
+from api.audit import audit
 from api.context import app_state, db_session, principal
 from api.errors import status_for
-from api.members import member_view
+from api.members import member_details, member_view
 from api.web.pages import web_bp
 from billing.money import MoneyError, parse_nanos
-from gpupool.api_keys import SCOPES, create_key, list_keys, require_key_manager, revoke_key
+from gpupool.api_keys import SCOPES, create_key, key_details, list_keys, require_key_manager, revoke_key
+from gpupool.audit import KEY_CREATE, KEY_REVOKE, MEMBER_REMOVE, MEMBER_SET
 from gpupool.db import utcnow
 from gpupool.errors import GpupoolError, ValidationFailed
 from gpupool.members import list_members, remove_member, set_member
@@ -83,6 +85,7 @@ def create_key_page() -> tuple[str, int]:
             templates=_templates_field(entered.get("templates", "")),
             known_templates=set(app_state().templates), now=utcnow(),
         )
+        audit(KEY_CREATE, account=made.row.account, target=made.row.id, details=key_details(made.row))
         session.commit()
     except GpupoolError as exc:
         session.rollback()
@@ -98,7 +101,8 @@ def revoke_key_page(key_id: str) -> BaseResponse:
     caller = principal()
     require_key_manager(caller)
     session = db_session()
-    revoke_key(session, caller, key_id, utcnow())  # another's key is the API's 404
+    row = revoke_key(session, caller, key_id, utcnow())  # another's key is the API's 404
+    audit(KEY_REVOKE, account=row.account, target=row.id)
     session.commit()
     return redirect(url_for("web.keys"), code=303)
 
@@ -140,7 +144,7 @@ def set_member_page() -> BaseResponse | tuple[str, int]:
             monthly_nanos = parse_nanos(monthly, what="monthly_limit") if monthly else None
         except MoneyError as exc:
             raise ValidationFailed(str(exc), field="monthly_limit") from exc
-        set_member(
+        row = set_member(
             session, caller.account, entered.get("subject", "").strip(), role=entered.get("role", ""),
             gpu_limit=_optional_int(entered.get("gpu_limit", ""), "gpu_limit"), monthly_limit_nanos=monthly_nanos,
             templates=_templates_field(entered.get("templates", "")),
@@ -149,6 +153,7 @@ def set_member_page() -> BaseResponse | tuple[str, int]:
             enrolling=None if caller.is_admin else caller.sub,
             now=utcnow(),
         )
+        audit(MEMBER_SET, account=caller.account, target=row.subject, details=member_details(row))
         session.commit()
     except GpupoolError as exc:
         session.rollback()
@@ -162,5 +167,6 @@ def set_member_page() -> BaseResponse | tuple[str, int]:
 def remove_member_page(subject: str) -> BaseResponse:
     session = db_session()
     remove_member(session, principal().account, subject)
+    audit(MEMBER_REMOVE, account=principal().account, target=subject)
     session.commit()
     return redirect(url_for("web.members"), code=303)

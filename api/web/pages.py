@@ -21,6 +21,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from api import billing as billing_api
 from api import jobs as jobs_api
 from api import sessions as sessions_api
+from api.audit import audit
 from api.auth import PAGE_SESSION_KEY, count_unauthenticated, principal_for_token
 from api.context import app_state, calendar_now, db_session, principal
 from api.errors import status_for
@@ -35,6 +36,7 @@ from billing.invoice import invoice_total_cents
 from billing.money import format_cents, format_nanos
 from billing.usage import gpu_seconds_by_day_and_type, usage
 from gpupool import joblogs
+from gpupool.audit import SIGNIN, SIGNOUT
 from gpupool.db import utcnow
 from gpupool.errors import (
     GpupoolError,
@@ -182,9 +184,10 @@ def signin() -> BaseResponse | tuple[str, int]:
     assert caller.expires_at is not None  # a verified token has its exp
     # The cookie gets a server-side session's id; the token itself is not kept anywhere.
     session_id = start_web_session(db_session(), caller, utcnow())
+    g.principal = caller
+    audit(SIGNIN, account=caller.account)
     db_session().commit()
     start_session(session_id, caller.expires_at)
-    g.principal = caller
     return redirect(_safe_next(request.form.get("next")), code=303)
 
 
@@ -194,6 +197,8 @@ def signout() -> BaseResponse:
     if isinstance(session_id, str):
         # Deleted, not just forgotten by this browser: a copy of the cookie no longer works either.
         end_web_session(db_session(), session_id)
+        if g.get("principal") is not None:
+            audit(SIGNOUT, account=principal().account)
         db_session().commit()
     session.clear()
     return redirect(url_for("web.signin"), code=303)

@@ -80,6 +80,9 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # GPU samples (GET /jobs/<id> shows them); the policies are the operator's (`gpupool idle policy set`).
     "gpu_samples": {API: ("SELECT", "INSERT", "DELETE"), BILLING: NONE},
     "idle_policies": {API: READ, BILLING: NONE},
+    # The audit log: the API records customers' actions and shows an account's admins their own;
+    # the operator's commands record theirs as the owner. Triggers refuse UPDATE and DELETE to all.
+    "audit_events": {API: APPEND, BILLING: NONE},
     # Hardware costs for the operator report; set with `gpupool node cost set`.
     "node_costs": {API: READ, BILLING: NONE},
     # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.

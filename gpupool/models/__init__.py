@@ -4,6 +4,7 @@ from gpupool.db import Base
 from gpupool.models.accounts import ACCOUNT_NAME, Account
 from gpupool.models.alerts import AlertSent, AlertSettings, EmailOutbox
 from gpupool.models.api_keys import ApiKey
+from gpupool.models.audit import AuditEvent
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
 from gpupool.models.gpu_usage import GpuSample, IdlePolicy
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
@@ -22,6 +23,7 @@ __all__ = [
     "MEMBER_ROLES",
     "AlertSent",
     "AlertSettings",
+    "AuditEvent",
     "EmailOutbox",
     "Adjustment",
     "Base",

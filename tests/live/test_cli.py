@@ -122,6 +122,31 @@ def test_token_create_prints_a_verifiable_token(sqlite_url: str) -> None:
     assert claims["aud"] == "gpupool"
 
 
+def test_operator_commands_are_in_the_audit_log_under_the_operators_name(sqlite_url: str) -> None:
+    assert run_cli("db", "upgrade", database_url=sqlite_url).returncode == 0
+    with db.make_session_factory(db.make_engine(sqlite_url))() as session, session.begin():
+        session.add(Account(name="acme"))
+    token = run_cli("token", "create", "--user", "ops\tx", "--account", "acme", database_url=sqlite_url).stdout.strip()
+    caller = verify_token(base_settings(), token)
+    assert run_cli("token", "revoke", caller.jti, "--reason", "left", database_url=sqlite_url).returncode == 0
+    assert run_cli("price", "set", "rtx4090", "0.0002", "--from", "2026-01-01", database_url=sqlite_url).returncode == 0
+    assert run_cli("account", "disable", "acme", "--keep-jobs", database_url=sqlite_url).returncode == 0
+    listed = run_cli("audit", "list", "--json", database_url=sqlite_url)
+    assert listed.returncode == 0, listed.stderr
+    events = json.loads(listed.stdout)
+    assert [(e["action"], e["account"], e["target"], e["via"], e["actor"]) for e in events] == [
+        ("account.disable", "acme", None, "cli", "operator:root"),
+        ("price.set", None, "rtx4090", "cli", "operator:root"),
+        ("token.revoke", "acme", caller.jti, "cli", "operator:root"),
+        ("token.create", "acme", caller.jti, "cli", "operator:root"),
+    ]
+    assert events[3]["details"]["subject"] == "ops\tx" and token not in listed.stdout
+    assert events[1]["details"] == {"price": "0.0002", "tier": "normal", "from": "2026-01-01T00:00:00Z"}
+    # One event per line, whatever a subject holds: the free-form fields are JSON strings.
+    lines = run_cli("audit", "list", "--account", "acme", database_url=sqlite_url).stdout.splitlines()
+    assert len(lines) == 3 and all(line.count("\t") == 8 for line in lines)
+
+
 def test_token_create_without_a_secret_fails_clearly(tmp_path: Path) -> None:
     result = subprocess.run(
         [GPUPOOL, "token", "create", "--user", "u", "--account", "acme"],
