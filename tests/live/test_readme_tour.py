@@ -122,13 +122,16 @@ def test_the_teams_section_runs_as_written(
     server = start_server()
     subject = f"tour-{secrets.token_hex(3)}"
     token = recorded_token(live_settings, slurm_account, sub=subject)
-    (curls,) = section_blocks("## Teams: members, keys and spend alerts", "sh")
+    (curls,) = section_blocks("## Teams: members, keys, spend alerts and the audit log", "sh")
     fail_on_http_errors = "set -euo pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n"
     # Its own members, which other tests of this account must not see: taken out again below.
     undo = f'\ncurl -s -X DELETE "$GPUPOOL_URL/account/members/bob" -H "$H"; curl -s -X DELETE "$GPUPOOL_URL/account/members/{subject}" -H "$H"\n'
     ran = run_block(fail_on_http_errors + curls + undo, ["/bin/bash", "-c"], server, token, tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    member, key, alerts = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")][:3]
+    member, key, alerts, audit = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")][:4]
     assert (member["subject"], member["role"], member["gpu_limit"], member["monthly_limit"]) == ("bob", "member", 2, "250.00"), member
     assert key["key"].startswith(f"gpk_{key['id']}_") and key["scope"] == "submit", key
     assert alerts["thresholds"] == [50, 80, 100] and alerts["forecast_hours"] == 48, alerts
+    assert [(e["action"], e["actor"], e["via"]) for e in audit["events"][:3]] == [
+        ("alerts.set", subject, "token"), ("key.create", subject, "token"), ("member.set", subject, "token"),
+    ], audit
