@@ -15,6 +15,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from api.web import account_pages, operator  # noqa: F401  (their routes join web_bp)
 from api.web.pages import submit_job, web_bp, web_data_bp
 from api.web.session import configure_sessions
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 
 
@@ -22,6 +23,8 @@ def register_pages(app: Flask, settings: Settings, limiter: Limiter) -> None:
     configure_sessions(app, settings)
     app.register_blueprint(web_bp)
     app.register_blueprint(web_data_bp)
+    # Instants on the pages read as the API writes them: gpupool.clock.utc_text.
+    app.add_template_filter(utc_text, "utc")
     # A submit from the form spends the same budget as POST /submit.
     limiter.limit(lambda: settings.ratelimit_submit, methods=["POST"])(submit_job)
 

@@ -20,12 +20,15 @@ from api.errors import status_for
 from api.members import member_details, member_view
 from api.web.pages import web_bp
 from billing.money import MoneyError, parse_nanos
+from gpupool import audit as audit_log
 from gpupool.api_keys import SCOPES, create_key, key_details, list_keys, require_key_manager, revoke_key
 from gpupool.audit import KEY_CREATE, KEY_REVOKE, MEMBER_REMOVE, MEMBER_SET
 from gpupool.db import utcnow
 from gpupool.errors import GpupoolError, ValidationFailed
 from gpupool.members import list_members, remove_member, set_member
 from gpupool.models.members import MEMBER_ROLES
+
+ACTIVITY_PAGE = 200
 
 # -- helpers ------------------------------------------------------------------
 
@@ -105,6 +108,16 @@ def revoke_key_page(key_id: str) -> BaseResponse:
     audit(KEY_REVOKE, account=row.account, target=row.id)
     session.commit()
     return redirect(url_for("web.keys"), code=303)
+
+
+# -- activity (the audit log) -----------------------------------------------------
+
+
+@web_bp.get("/activity")
+def activity() -> str:
+    """The account's audit log, newest first: the page of GET /account/audit."""
+    rows = audit_log.events(db_session(), account=principal().account, limit=ACTIVITY_PAGE)
+    return render_template("web/activity.html", events=rows, shown=ACTIVITY_PAGE)
 
 
 # -- members ------------------------------------------------------------------

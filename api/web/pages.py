@@ -73,6 +73,7 @@ PAGE_RULES = {
     "web.members": "members.list_account_members",
     "web.set_member_page": "members.put_member",
     "web.remove_member_page": "members.delete_member",
+    "web.activity": "audit.list_audit",
 }
 CONTENT_SECURITY_POLICY = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 # How much of a log the job page shows before its script follows the rest.

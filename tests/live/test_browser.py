@@ -28,6 +28,7 @@ from gpupool.config import Settings
 from gpupool.models import Account, Job
 from tests.conftest import REPO, base_settings, recorded_token, wait_for
 from tests.live.conftest import Server
+from tests.support.http import http
 from tests.support.sacct_dumps import as_pass_output
 from tests.support.services import TENANT_PREFIX
 
@@ -222,3 +223,62 @@ def test_an_admin_reads_the_report(
     browser.get(server.url + "/ui/admin/accounts")
     assert browser.find_element(By.CSS_SELECTOR, f'#accounts tr[data-account="{slurm_account}"]')
     assert severe_console_messages(browser) == []
+
+
+@pytest.fixture
+def team_account(settings: Settings) -> Iterator[str]:
+    """An account of its own (no Slurm: these pages submit nothing), so its members lock out no other test's subject."""
+    engine = create_engine(db.normalize_url(settings.database_url))
+    name = f"t{secrets.token_hex(4)}"
+    with db.make_session_factory(engine)() as session, session.begin():
+        session.add(Account(name=name, gpu_limit=2))
+    yield name
+    engine.dispose()
+
+
+def test_an_account_admin_makes_keys_and_members_and_reads_the_activity(
+    start_server: Callable[..., Server], browser: WebDriver, settings: Settings, team_account: str, tmp_path: Path
+) -> None:
+    server = start_server(workers=2)
+    sign_in(browser, server, recorded_token(settings, team_account, sub="ada"))
+
+    # A key made on the page: its secret shown once, working as a bearer token, then revoked there.
+    browser.get(server.url + "/ui/keys")
+    browser.find_element(By.ID, "key-name").send_keys("ci <b>runner</b>")
+    browser.find_element(By.CSS_SELECTOR, "#key-scope option[value=submit]").click()
+    browser.find_element(By.ID, "key-days").send_keys("7")
+    browser.find_element(By.ID, "key-create").click()
+    secret = browser.find_element(By.ID, "new-key-secret").text
+    assert secret.startswith("gpk_")
+    assert http("GET", server.url + "/jobs", token=secret).status == 200
+    browser.get(server.url + "/ui/keys")
+    assert secret not in browser.page_source
+    (row,) = browser.find_elements(By.CSS_SELECTOR, "#keys tr[data-key]")
+    assert row.find_element(By.CSS_SELECTOR, "td.name").text == "ci <b>runner</b>"  # text, never markup
+    row.find_element(By.CSS_SELECTOR, "button.revoke").click()
+    wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, "#keys button.revoke"), timeout_s=15, what="the revoked key")
+    assert http("GET", server.url + "/jobs", token=secret).status == 401
+
+    # Members: bob with a GPU limit of his own (ada is enrolled as the admin); a bad limit is the API's 422 message.
+    browser.get(server.url + "/ui/members")
+    browser.find_element(By.ID, "member-subject").send_keys("bob")
+    browser.find_element(By.ID, "member-gpu-limit").send_keys("1")
+    browser.find_element(By.ID, "member-save").click()
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '#members tr[data-member="bob"]'), timeout_s=15, what="bob's row")
+    rows = {row.get_attribute("data-member"): row.text for row in browser.find_elements(By.CSS_SELECTOR, "#members tr[data-member]")}
+    assert set(rows) == {"ada", "bob"} and "admin" in rows["ada"] and "member 1" in rows["bob"]
+    browser.find_element(By.ID, "member-subject").send_keys("carol")
+    browser.find_element(By.ID, "member-monthly-limit").send_keys("lots")
+    browser.find_element(By.ID, "member-save").click()
+    assert "monthly_limit" in browser.find_element(By.ID, "member-error").text
+    browser.get(server.url + "/ui/members")
+    browser.find_element(By.CSS_SELECTOR, '#members tr[data-member="bob"] button.remove').click()
+    wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, '#members tr[data-member="bob"]'), timeout_s=15, what="bob removed")
+
+    # The activity page: each of those, newest first, by whom and through what.
+    browser.get(server.url + "/ui/activity")
+    actions = [(row.get_attribute("data-action"), row.find_element(By.CSS_SELECTOR, "td.actor").text)
+               for row in browser.find_elements(By.CSS_SELECTOR, "#activity tr[data-action]")]
+    assert actions == [("member.remove", "ada"), ("member.set", "ada"), ("key.revoke", "ada"), ("key.create", "ada"), ("signin", "ada")]
+    save_screenshot(browser, tmp_path, "activity")
+    assert severe_console_messages(browser, allowed=("/ui/members - Failed to load resource",)) == []  # the 422 answer
