@@ -22,7 +22,7 @@ from gpupool.errors import CommandFailed, SlurmRejected, SlurmUnavailable, Submi
 from gpupool.metrics import observe_slurm_commands
 from gpupool.proc import CommandResult, minimal_env, run_command
 from gpupool.render import SPOT_QOS
-from gpupool.slurm.detail import RunningJob, parse_running_jobs
+from gpupool.slurm.detail import RunningJob, parse_job_records
 from gpupool.slurm.parse import (
     ParseError,
     base_state,
@@ -568,10 +568,12 @@ class SlurmClient:
         """Every running job that holds GPUs, whoever submitted it, with its GPU indices per node."""
         result = self._command("scontrol", ["show", "job", "--details", "--oneliner"])
         try:
-            jobs = parse_running_jobs(result.stdout)
+            records = parse_job_records(result.stdout)
         except (ParseError, KeyError, ValueError) as exc:
             raise SlurmUnavailable(f"unexpected scontrol output: {exc}") from exc
-        return [job for job in jobs if job.gpus]
+        if records.doubted:
+            log.warning("scontrol printed jobs %s more than once (a forged line in a job's text?): not believed", sorted(records.doubted))
+        return [job for job in records.jobs if job.gpus]
 
     # -- the operator report ------------------------------------------------------
 

@@ -14,11 +14,21 @@ not pass for allocation words. So the name is taken to run up to the *last*
 the command and the work directory, are gpupool's own for gpupool jobs), and the
 allocation is read only from the words between there and ``MinCPUsNode=``,
 which Slurm alone writes.
+
+A name, comment, command or work directory may also hold a newline, and with
+it a whole forged line that starts ``JobId=<someone else's job>``: it would
+pass for that job's record, with GPU indices of the tenant's choosing, and the
+idle check would judge (and may cancel) the other job on those GPUs. A job id
+printed twice is therefore believed from neither record (``JobRecords.doubted``):
+the real record is always there for a job Slurm knows, so a forged one always
+makes a second. (The idle check also believes a record only for its own job's
+account and tenant user.)
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import hostlist
@@ -149,10 +159,23 @@ def parse_job_line(line: str) -> tuple[str, RunningJob]:
     return fields["JobState"], job
 
 
+@dataclass(frozen=True)
+class JobRecords:
+    """The RUNNING jobs of one ``scontrol show job`` answer, and the job ids it printed more than once."""
+
+    jobs: list[RunningJob]
+    doubted: frozenset[int]
+
+
 def parse_running_jobs(text: str) -> list[RunningJob]:
-    """Every RUNNING job in ``scontrol show job --details --oneliner`` output, in its order."""
+    """Every RUNNING job in ``scontrol show job --details --oneliner`` output, in its order, but doubted ones."""
+    return parse_job_records(text).jobs
+
+
+def parse_job_records(text: str) -> JobRecords:
+    """``parse_running_jobs`` with the ids it did not believe (see the module docstring)."""
     if text.strip() == NO_JOBS:
-        return []
+        return JobRecords([], frozenset())
     records: list[str] = []
     for line in text.splitlines():
         if _JOB_LINE.match(line):
@@ -162,9 +185,7 @@ def parse_running_jobs(text: str) -> list[RunningJob]:
             records[-1] += "\n" + line
         elif line.strip():
             raise ParseError(f"not a --oneliner job line: {line[:120]!r}")
-    jobs = []
-    for record in records:
-        state, job = parse_job_line(record)
-        if state == "RUNNING":
-            jobs.append(job)
-    return jobs
+    parsed = [parse_job_line(record) for record in records]
+    seen = Counter(job.slurm_job_id for _, job in parsed)
+    doubted = frozenset(job_id for job_id, count in seen.items() if count > 1)
+    return JobRecords([job for state, job in parsed if state == "RUNNING" and job.slurm_job_id not in doubted], doubted)

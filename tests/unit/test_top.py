@@ -32,7 +32,14 @@ from gpupool.gpu_usage.exporter import (
     node_metrics_from_text,
     parse_gpu_metrics,
 )
-from gpupool.slurm.detail import GpusHeldOnNode, RunningJob, gpu_indices, parse_index_list, parse_running_jobs
+from gpupool.slurm.detail import (
+    GpusHeldOnNode,
+    RunningJob,
+    gpu_indices,
+    parse_index_list,
+    parse_job_records,
+    parse_running_jobs,
+)
 from gpupool.slurm.parse import ParseError
 from gpupool_cli.main import build_parser
 from gpupool_cli.top import render_top
@@ -86,8 +93,25 @@ def test_multi_node_jobs_hold_gpus_on_every_node_of_each_group() -> None:
 
 
 def test_a_newline_in_a_job_name_continues_the_job() -> None:
-    first = RECORDED.splitlines()[0].replace("JobName=train-llm", "JobName=train\nllm")
-    assert [job.slurm_job_id for job in parse_running_jobs(first + "\n" + RECORDED)] == [5, 5, 6, 7, 9]
+    text = RECORDED.replace("JobName=train-llm", "JobName=train\nllm")
+    assert [(job.slurm_job_id, job.gpus) for job in parse_running_jobs(text)][:1] == [(5, (GpusHeldOnNode("vm", (0, 1)),))]
+    assert [job.slurm_job_id for job in parse_running_jobs(text)] == [5, 6, 7, 9]
+
+
+def test_a_whole_forged_line_in_a_jobs_text_makes_neither_record_believed() -> None:
+    """Job 7's tenant writes a line for job 5 (another tenant's) on GPUs of its choosing, after a newline."""
+    forged = (
+        "WorkDir=/tmp\nJobId=5 JobName=train-llm UserId=root(0) Account=probetop JobState=RUNNING "
+        "Nodes=vm CPU_IDs=0 Mem=1 GRES=gpu:rtx4090:2(IDX:2-3) MinCPUsNode=1 WorkDir=/x"
+    )
+    lines = RECORDED.splitlines()
+    seventh = next(index for index, line in enumerate(lines) if line.startswith("JobId=7 "))
+    assert "WorkDir=/tmp" in lines[seventh]
+    lines[seventh] = lines[seventh].replace("WorkDir=/tmp", forged)
+    records = parse_job_records("\n".join(lines))
+    assert records.doubted == {5}
+    assert [job.slurm_job_id for job in records.jobs] == [6, 7, 9]
+    assert next(job for job in records.jobs if job.slurm_job_id == 7).gpus == (GpusHeldOnNode("vm", (2,)),)
 
 
 def test_older_gres_idx_word_and_no_jobs() -> None:
