@@ -231,27 +231,48 @@ def _preempted(job: Job) -> bool:
     return job.state == _PREEMPTED and not job.finished
 
 
+@dataclass(frozen=True)
+class _Before:
+    """A job as the refresher found it, before Slurm's answer was applied."""
+
+    job: Job
+    started: bool
+    finished: bool
+    preempted: bool
+    runs: int
+
+    def events(self) -> list[str]:
+        """What happened since, in order."""
+        job = self.job
+        happened: list[str] = []
+        if self.started and job.started_at is not None and (job.run_count or 0) > self.runs:
+            # Requeued and started again between two refreshes, so PREEMPTED was never seen:
+            # each run still gets its job.started, and a spot job's requeue its job.preempted.
+            if job.preemptible and not self.preempted:
+                happened.append(JOB_PREEMPTED)
+            happened.append(JOB_STARTED)
+        for event_type, now_true, before in (
+            (JOB_STARTED, job.started_at is not None, self.started),
+            (JOB_PREEMPTED, _preempted(job), self.preempted),
+            (JOB_ENDED, job.finished, self.finished),
+        ):
+            if now_true and not before:
+                happened.append(event_type)
+        return happened
+
+
 class JobEvents:
     """What the refresher changed: ``note`` each job before applying Slurm's answer, ``enqueue`` after."""
 
     def __init__(self) -> None:
-        self._before: list[tuple[Job, bool, bool, bool]] = []
+        self._before: list[_Before] = []
 
     def note(self, job: Job) -> None:
-        self._before.append((job, job.started_at is not None, job.finished, _preempted(job)))
+        self._before.append(_Before(job, job.started_at is not None, job.finished, _preempted(job), job.run_count or 0))
 
     def enqueue(self, session: Session, now: dt.datetime) -> int:
         """Add the events and their deliveries to ``session``'s transaction; how many events."""
-        happened = [
-            (job, event_type)
-            for job, was_started, was_finished, was_preempted in self._before
-            for event_type, now_true, before in (
-                (JOB_STARTED, job.started_at is not None, was_started),
-                (JOB_PREEMPTED, _preempted(job), was_preempted),
-                (JOB_ENDED, job.finished, was_finished),
-            )
-            if now_true and not before
-        ]
+        happened = [(before.job, event_type) for before in self._before for event_type in before.events()]
         if not happened:
             return 0  # the usual case: no query at all
         accounts = {job.account for job, _ in happened}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,8 +18,8 @@ from sqlalchemy.orm import sessionmaker
 
 from api.event_schemas import validate_event
 from gpupool.config import Settings
-from gpupool.models import WebhookAttempt, WebhookEndpoint
-from gpupool.webhooks import WebhookSender
+from gpupool.models import Job, WebhookAttempt, WebhookEndpoint, WebhookEvent
+from gpupool.webhooks import JobEvents, WebhookSender
 from tests.conftest import bearer, wait_for, wait_for_state
 
 HELLO = {"template": "hello", "gpus": 1, "params": {"seconds": 0}}
@@ -196,3 +198,31 @@ def test_endpoints_belong_to_their_account(
     assert client.get("/webhooks", headers=other).get_json()["webhooks"] == []
     assert client.delete(f"/webhooks/{endpoint['id']}", headers=auth).status_code == 204
     assert client.get("/webhooks", headers=auth).get_json()["webhooks"] == []
+
+
+@pytest.mark.parametrize(("preemptible", "expected"), [(True, ["job.preempted", "job.started"]), (False, ["job.started"])])
+def test_a_requeue_and_restart_between_two_refreshes_still_tells_each_run(
+    session_factory: sessionmaker, account: str, preemptible: bool, expected: list[str]
+) -> None:
+    """Slurm requeued the job and started it again before the next refresh: PREEMPTED was never seen."""
+    first_run = dt.datetime(2026, 12, 3, 10, 0, tzinfo=dt.UTC)
+    with session_factory() as session:
+        job = Job(
+            id=str(uuid.uuid4()), account=account, owner="alice", name="spot", template="hello", params={}, gpus=1, cpus=1,
+            mem_gb=1, time_limit_min=60, job_dir="/nonexistent", state="RUNNING", finished=False, request_hash="0" * 64,
+            slurm_job_id=999_001, preemptible=preemptible, started_at=first_run, run_count=1,
+        )
+        session.add(job)
+        session.add(WebhookEndpoint(id=str(uuid.uuid4()), account=account, url="https://hooks.example.com/x",
+                                    events="job.started,job.preempted,job.ended", secret="whsec_test", created_at=first_run))
+        session.flush()
+        events = JobEvents()
+        events.note(job)
+        job.started_at, job.run_count = first_run + dt.timedelta(minutes=3), 2  # what the refresher applies
+        assert events.enqueue(session, first_run + dt.timedelta(minutes=3)) == len(expected)
+        sent = session.scalars(select(WebhookEvent.type).where(WebhookEvent.job_id == job.id)).all()
+        assert sorted(sent) == sorted(expected)
+        # The same answer again: nothing new.
+        again = JobEvents()
+        again.note(job)
+        assert again.enqueue(session, first_run + dt.timedelta(minutes=4)) == 0
