@@ -80,6 +80,9 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # GPU samples (GET /jobs/<id> shows them); the policies are the operator's (`gpupool idle policy set`).
     "gpu_samples": {API: ("SELECT", "INSERT", "DELETE"), BILLING: NONE},
     "idle_policies": {API: READ, BILLING: NONE},
+    # The same pass adds each job's idle GPU-seconds per hour (an upsert that keeps the larger
+    # count); the operator report (/admin/report, with the API's role) sums them.
+    "idle_gpu_hours": {API: READ_WRITE, BILLING: NONE},
     # Hardware costs for the operator report; set with `gpupool node cost set`.
     "node_costs": {API: READ, BILLING: NONE},
     # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.

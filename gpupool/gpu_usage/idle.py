@@ -8,9 +8,12 @@ pass:
 2. scrapes each of those nodes' exporters once (``gpupool.gpu_usage.exporter``)
    and records, for every gpupool job, one ``gpu_samples`` row per GPU it holds;
 3. prunes samples older than ``idle_sample_retention_min``;
-4. judges each job against its policy (``policy_for``: the account's, else the
+4. adds each job's idle GPU-seconds of the last hour to ``idle_gpu_hours``
+   (``gpupool.gpu_usage.idle_time``: what the operator report's idle GPU-hours
+   sum), by the threshold of ``threshold_of``, and commits;
+5. judges each job against its policy (``policy_for``: the account's, else the
    template's, else the settings' default) with ``judge``, a pure function;
-5. acts on the verdict (``next_step``): the first pass that finds a job idle
+6. acts on the verdict (``next_step``): the first pass that finds a job idle
    sends ``job.idle`` (a signed webhook to the endpoints that want it, and an
    email to the account's alert address when the operator has an SMTP server),
    and a pass ``grace_min`` after that, when the policy says cancel and the job
@@ -40,6 +43,8 @@ from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, GpupoolError
 from gpupool.gpu_usage.exporter import NodeMetrics, scrape_cluster
+from gpupool.gpu_usage.idle_time import recount, recount_from, store_idle_hours
+from gpupool.gpu_usage.samples import MAX_GAP, GpuKey, Reading, is_under
 from gpupool.models import AlertSettings, EmailOutbox, Job
 from gpupool.models.alerts import EMAIL_PENDING
 from gpupool.models.gpu_usage import ACCOUNT, TEMPLATE, GpuSample, IdlePolicy
@@ -49,13 +54,10 @@ from gpupool.webhooks import JOB_IDLE, enqueue_job_event
 
 log = logging.getLogger("gpupool.idle")
 
-# Samples further apart than this (or a latest one older than this) leave the stretch unjudged.
-MAX_GAP = dt.timedelta(minutes=5)
 # What GET /jobs/<id> shows per GPU: the latest samples, oldest first.
 RECENT_SAMPLES_PER_GPU = 60
 MAX_GPUS_SHOWN = 16
 
-GpuKey = tuple[str, int]  # (node, GPU index on that node)
 Scrape = Callable[[Iterable[str], Settings], Mapping[str, NodeMetrics]]
 
 NOTIFY = "notify"
@@ -81,14 +83,6 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class Reading:
-    """One GPU's utilization at one moment; None: the exporter reported the GPU but not its load."""
-
-    at: dt.datetime
-    utilization_pct: float | None
-
-
-@dataclass(frozen=True)
 class Verdict:
     idle: bool
     # Since when every GPU has been under the threshold, as far as the samples show; None: some GPU is not.
@@ -104,7 +98,7 @@ def under_since(readings: Sequence[Reading], threshold_pct: float, now: dt.datet
             continue
         if later - reading.at > max_gap:
             break
-        if reading.utilization_pct is None or reading.utilization_pct >= threshold_pct:
+        if not is_under(reading, threshold_pct):
             break
         since = later = reading.at
     return since
@@ -143,6 +137,11 @@ def next_step(verdict: Verdict, policy: Policy, notified_at: dt.datetime | None,
     if policy.cancel and now - notified_at >= dt.timedelta(minutes=policy.grace_min):
         return CANCEL
     return None
+
+
+def threshold_of(policy: Policy | None, settings: Settings) -> int:
+    """The utilization under which a job's GPU counts as idle: its policy's (whatever the window), else the default."""
+    return settings.idle_threshold_pct if policy is None else policy.threshold_pct
 
 
 def default_policy(settings: Settings) -> Policy | None:
@@ -319,14 +318,22 @@ def check_idle(session: Session, settings: Settings, slurm: SlurmClient, now: dt
     retention = dt.timedelta(minutes=settings.idle_sample_retention_min)
     pruned = session.execute(delete(GpuSample).where(GpuSample.sampled_at < now - retention))
     result.pruned = int(getattr(pruned, "rowcount", 0) or 0)
-    session.commit()
 
+    judged: list[tuple[Job, Policy | None, dict[GpuKey, list[Reading]]]] = []
     for job in jobs:
         policy = policy_for(session, settings, job.account, job.template)
+        since = recount_from(now)
+        if policy is not None:
+            since = min(since, now - dt.timedelta(minutes=policy.window_min) - MAX_GAP)
+        readings = _readings(session, job.id, since)
+        store_idle_hours(session, job.id, recount(readings, threshold_of(policy, settings), now))
+        judged.append((job, policy, readings))
+    session.commit()
+
+    for job, policy, readings in judged:
         if policy is None:
             continue
         gpus = held[job.id]
-        readings = _readings(session, job.id, now - dt.timedelta(minutes=policy.window_min) - MAX_GAP)
         verdict = judge(readings, gpus, policy, now)
         step = next_step(verdict, policy, job.idle_notified_at, job.idle_cancelled_at, now)
         job.idle_since = verdict.under_since if verdict.idle else None
