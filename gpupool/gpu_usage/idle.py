@@ -19,6 +19,12 @@ pass:
    and a pass ``grace_min`` after that, when the policy says cancel and the job
    is still idle, cancels it as its tenant and says why in ``end_reason``.
 
+Session jobs (JupyterLab, web apps) are judged like any job: a session whose
+GPUs idle through the window gets job.idle however busy its browser tab, and
+the cancel ends the session too (``job_sessions.idle_stopped_at``), so the
+proxy stops serving it at once and the session sweep leaves it alone. A job
+the session sweep already stopped is not cancelled a second time.
+
 A job that gets busy again is re-armed: its next idle spell sends job.idle
 again and starts a new grace. A GPU the exporter did not report, a sample
 without a utilization, or a gap of more than ``MAX_GAP`` between samples
@@ -45,7 +51,7 @@ from gpupool.errors import CommandFailed, GpupoolError
 from gpupool.gpu_usage.exporter import NodeMetrics, scrape_cluster
 from gpupool.gpu_usage.idle_time import recount, recount_from, store_idle_hours
 from gpupool.gpu_usage.samples import MAX_GAP, GpuKey, Reading, is_under
-from gpupool.models import AlertSettings, EmailOutbox, Job
+from gpupool.models import AlertSettings, EmailOutbox, Job, JobSession
 from gpupool.models.alerts import EMAIL_PENDING
 from gpupool.models.gpu_usage import ACCOUNT, TEMPLATE, GpuSample, IdlePolicy
 from gpupool.slurm.client import SlurmClient
@@ -124,6 +130,18 @@ def judge(
         return Verdict(False, None)
     since = max(start for start in starts if start is not None)
     return Verdict(now - since >= dt.timedelta(minutes=policy.window_min), since)
+
+
+def busy_at(samples: Mapping[GpuKey, Sequence[Reading]], threshold_pct: float) -> dt.datetime | None:
+    """The latest moment any of the GPUs was at or over the threshold, by the samples; None: never.
+
+    Pure. A sample without a utilization is no evidence either way.
+    """
+    return max(
+        (reading.at for readings in samples.values() for reading in readings
+         if reading.utilization_pct is not None and not is_under(reading, threshold_pct)),
+        default=None,
+    )
 
 
 def next_step(verdict: Verdict, policy: Policy, notified_at: dt.datetime | None, cancelled_at: dt.datetime | None, now: dt.datetime) -> str | None:
@@ -239,6 +257,12 @@ def _readings(session: Session, job_id: str, since: dt.datetime) -> dict[GpuKey,
     return found
 
 
+def last_busy_at(session: Session, settings: Settings, job: Job, since: dt.datetime) -> tuple[dt.datetime | None, int]:
+    """When the job's GPUs were last busy (at or over its idle threshold) since ``since``, and that threshold."""
+    threshold = threshold_of(policy_for(session, settings, job.account, job.template), settings)
+    return busy_at(_readings(session, job.id, since), threshold), threshold
+
+
 def _notice_data(policy: Policy, verdict: Verdict, gpus: Sequence[GpuKey], now: dt.datetime) -> dict[str, Any]:
     cancel_at = now + dt.timedelta(minutes=policy.grace_min) if policy.cancel else None
     return {
@@ -281,6 +305,13 @@ def _notify(session: Session, settings: Settings, job: Job, policy: Policy, verd
             )
         )
     job.idle_notified_at = now
+
+
+def _end_session(session: Session, job: Job, now: dt.datetime) -> None:
+    """A session job cancelled for idle GPUs is over for its proxy and page now, and the session sweep leaves it be."""
+    record = session.get(JobSession, job.id)
+    if record is not None and record.idle_stopped_at is None:
+        record.idle_stopped_at = now
 
 
 def _cancel(slurm: SlurmClient, job: Job) -> bool:
@@ -344,11 +375,12 @@ def check_idle(session: Session, settings: Settings, slurm: SlurmClient, now: dt
         elif step == REARM:
             job.idle_notified_at = None
             result.rearmed.append(job.id)
-        elif step == CANCEL:
+        elif step == CANCEL and job.end_reason is None:  # else gpupool ended it already (an idle session), and said why
             log.info("job %s (Slurm %s) idle past its grace: cancelling it as its tenant", job.id, job.slurm_job_id)
             if _cancel(slurm, job):
                 job.idle_cancelled_at = now
                 job.end_reason = cancel_reason(policy)
+                _end_session(session, job, now)
                 result.cancelled.append(job.id)
         session.commit()  # each job's decision stands on its own: a cancel is never left unrecorded by a later one
     return result

@@ -25,6 +25,7 @@ from gpupool.db import utcnow
 from gpupool.gpu_usage.idle import CheckResult, check_idle, set_policy
 from gpupool.models import AlertSettings, EmailOutbox, GpuSample, Job, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from gpupool.models.gpu_usage import ACCOUNT
+from gpupool.sessions import sweep_idle
 from gpupool.slurm.client import SlurmClient
 from tests.api.test_web import signed_in
 from tests.conftest import bearer, sacct_row, slurm_cmd, wait_for, wait_for_state
@@ -209,3 +210,26 @@ def test_a_job_at_90_percent_on_one_of_its_two_gpus_gets_nothing(
     idle = client.get(f"/admin/report?{report_window(start)}", headers=admin).get_json()["idle_gpus"]
     assert (idle_s, idle["gpu_seconds"], idle["by_account"][0]["account"]) == (420, 420, watched)
 
+
+def test_a_session_idle_on_its_gpu_is_cancelled_by_the_policy_and_its_session_ends_with_the_reason(
+    client: FlaskClient, auth: dict[str, str], watched: str, idle_settings: Settings, slurm: SlurmClient,
+    session_factory: sessionmaker, exporter: FakeNodeExporter,
+) -> None:
+    """A session job is judged like any job: job.idle, then the cancel after the grace, whatever its browser does."""
+    app_command = 'exec python3 -m http.server --bind 127.0.0.1 "$GPUPOOL_APP_PORT"'
+    job, (index,) = running_job(client, auth, {"template": "webapp", "gpus": 1, "params": {"command": app_command}})
+    job_id = job["job_id"]
+    exporter.utilization[index] = 0.0
+    start = utcnow()
+    results = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN + GRACE_MIN + 1))
+    assert [result.notified for result in results] == [[], [], [], [job_id], [], []]
+    assert [result.cancelled for result in results] == [[], [], [], [], [], [job_id]]
+    # Over for the proxy and the page at once, with the policy's reason, before Slurm has even ended it.
+    session = client.get(f"/jobs/{job_id}/session", headers=auth).get_json()
+    assert session["state"] == "ended" and session["end_reason"].startswith(f"idle: every GPU under {THRESHOLD_PCT}% for {WINDOW_MIN} min")
+    # The session sweep, for which the session is long past its idle timeout, neither cancels it again nor rewrites why.
+    with session_factory() as db_session:
+        assert sweep_idle(db_session, idle_settings, slurm, start + dt.timedelta(hours=2)) == []
+    ended = wait_for_state(client, job_id, auth, {"CANCELLED"}, timeout_s=60)
+    assert ended["end_reason"] == session["end_reason"]
+    assert sacct_row(job["slurm_job_id"], "JobID,State")["State"].startswith("CANCELLED")

@@ -1,4 +1,5 @@
-"""Idle GPU-seconds per hour (gpupool.gpu_usage.idle_time) and the report's sums (billing.report.idle.idle_figures): pure."""
+"""Idle GPU-seconds per hour (gpupool.gpu_usage.idle_time), the report's sums (billing.report.idle.idle_figures),
+and the session sweep's decision with busy GPUs (gpupool.gpu_usage.idle.busy_at, gpupool.sessions.stop_due): pure."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 from billing.report import idle_figures
 from gpupool.config import IDLE_MIN_SAMPLE_RETENTION_MIN, load_settings
 from gpupool.errors import ConfigError
+from gpupool.gpu_usage.idle import busy_at
 from gpupool.gpu_usage.idle_time import HOUR, idle_seconds_by_hour, recount, recount_from
 from gpupool.gpu_usage.samples import MAX_GAP, GpuKey, Reading
+from gpupool.sessions import stop_due
 
 T0 = dt.datetime(2026, 12, 2, 10, 0, tzinfo=dt.UTC)
 GPU0, GPU1 = ("vm", 0), ("vm", 1)
@@ -102,3 +105,27 @@ def test_the_report_sums_by_account_and_template_and_the_share_of_what_was_sold(
     assert idle_figures([], gpu_seconds_sold=0) == {
         "gpu_seconds": 0, "gpu_hours": "0.00", "share_of_gpu_hours_sold": None, "by_account": [], "by_template": [],
     }
+
+
+def test_gpus_are_busy_at_the_latest_sample_at_or_over_the_threshold_on_any_gpu() -> None:
+    samples = {GPU0: series([0.0, 90.0, 0.0]), GPU1: series([0.0, 0.0, 5.0, None])}
+    assert busy_at(samples, 5) == at(2)  # GPU 1 at exactly 5 % is busy; the unread sample is neither
+    assert busy_at({GPU0: series([0.0, 4.0, None])}, 5) is None
+    assert busy_at({}, 5) is None
+
+
+@pytest.mark.parametrize(
+    ("active_min", "busy_min", "stopped"),
+    [
+        (0, None, True),    # no request for the whole 30 min, no busy GPU in the samples
+        (0, 25, False),     # a kernel training with the browser closed: busy 5 min ago
+        (0, 0, True),       # busy, but the timeout ago
+        (10, None, False),  # a request 20 min ago, GPUs idle: not yet
+        (10, 5, False),
+    ],
+)
+def test_a_session_stops_when_neither_requests_nor_its_gpus_were_busy_for_its_timeout(
+    active_min: int, busy_min: int | None, stopped: bool
+) -> None:
+    busy = None if busy_min is None else at(busy_min)
+    assert stop_due(at(active_min), busy, 30, at(30)) is stopped
