@@ -525,3 +525,5 @@ def test_idle_session_is_cancelled_and_billed_for_its_run(
     assert lines, invoice.stdout
     assert sum(int(line["billed_seconds"]) for line in lines) == int(row["ElapsedRaw"])
     assert sum(int(line["gpu_seconds"]) for line in lines) == int(row["ElapsedRaw"])
+    # The invoice says why the run ended: on the run's last line, gpupool's own reason.
+    assert [line["end_reason"] for line in lines] == [""] * (len(lines) - 1) + [ended["end_reason"]], lines
