@@ -1,5 +1,12 @@
 """Invoices: one CSV line per job run per period, adjustment lines, then the total.
 
+A job line carries ``end_reason`` when gpupool itself ended the job (idle GPUs
+past the policy's grace, an idle session): on the line of the run it ended,
+the one whose end is the job's ``ended_at``, so an earlier run of a requeued
+job or the earlier month of a run across a month's end shows none. It is the
+last column, so readers that go by the header, or by position up to
+``currency``, read the rest as before.
+
 Lines come from one GROUP BY streamed off a server-side cursor, so memory
 stays flat however many lines an invoice has. A line groups a run's ledger
 rows of one GPU type and one unit price (a price change mid-run gives the
@@ -11,6 +18,7 @@ Slurm job id, run start, GPU type and price; adjustments by time.
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import uuid
 from collections.abc import Iterator, Sequence
@@ -20,9 +28,10 @@ from typing import Any, TextIO
 from sqlalchemy import BigInteger, cast, func, select
 from sqlalchemy.engine import Connection
 
+from billing.calendar import next_month_start
 from billing.money import format_cents, format_nanos, round_to_cents
 from gpupool.clock import utc_text
-from gpupool.models import Adjustment, LedgerEntry
+from gpupool.models import Adjustment, Job, LedgerEntry
 
 INVOICE_COLUMNS = (
     "line_type",
@@ -38,6 +47,7 @@ INVOICE_COLUMNS = (
     "unit_price",
     "amount",
     "currency",
+    "end_reason",
 )
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP, CSV injection).
 FORMULA_STARTS = frozenset("=+-@\t\r")
@@ -122,11 +132,24 @@ def job_line_groups(connection: Connection, account: str, period: str) -> Iterat
     yield from result.partitions(_BATCH)
 
 
+def end_reasons(connection: Connection, account: str, period: str) -> dict[tuple[str, str], str]:
+    """(gpupool job id, its end as invoice text) -> why gpupool ended it, for the account's jobs gpupool ended in the period."""
+    year, month = (int(part) for part in period.split("-"))
+    start = dt.datetime(year, month, 1, tzinfo=dt.UTC)
+    rows = connection.execute(
+        select(Job.id, Job.ended_at, Job.end_reason).where(
+            Job.account == account, Job.end_reason.is_not(None), Job.ended_at >= start, Job.ended_at <= next_month_start(start)
+        )
+    )
+    return {(job_id, utc_text(ended_at)): reason for job_id, ended_at, reason in rows if ended_at is not None and reason}
+
+
 def invoice_lines(connection: Connection, account: str, period: str, currency: str) -> Iterator[list[tuple]]:
     """Every CSV line after the header, in batches; the total comes last."""
     totals = InvoiceTotals()
     price_text: dict[int, str] = {}
     currency = spreadsheet_text(currency)
+    reasons = end_reasons(connection, account, period)
     for partition in job_line_groups(connection, account, period):
         batch = []
         for gpupool_id, slurm_id, name, gpu_type, gpus, start, end, seconds, gpu_seconds, price, nanos in partition:
@@ -141,6 +164,7 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
                 (
                     "job", gpupool_id or "", slurm_id, spreadsheet_text(name), spreadsheet_text(gpu_type), gpus,
                     start, end, seconds, gpu_seconds, unit, format_cents(cents), currency,
+                    spreadsheet_text(reasons.get((gpupool_id, end), "")) if gpupool_id else "",
                 )
             )
         totals.lines += len(batch)
@@ -154,8 +178,8 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
     for adjustment_id, created_at, reason, nanos in adjustments:
         cents = round_to_cents(int(nanos))
         totals.cents += cents
-        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", utc_text(created_at), "", "", "", "", format_cents(cents), currency))
-    batch.append(("total", "", "", "", "", "", "", "", totals.billed_seconds, totals.gpu_seconds, "", format_cents(totals.cents), currency))
+        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", utc_text(created_at), "", "", "", "", format_cents(cents), currency, ""))
+    batch.append(("total", "", "", "", "", "", "", "", totals.billed_seconds, totals.gpu_seconds, "", format_cents(totals.cents), currency, ""))
     yield batch
 
 

@@ -46,6 +46,9 @@ CONTAINER_RUNTIMES = ("none", "pyxis", "docker")
 CREDENTIAL_FIELDS = (
     "database_url", "billing_database_url", "jwt_secret", "web_session_secret", "ratelimit_storage_uri", "session_proxy_key",
 )
+# Each idle check recounts the idle GPU-seconds of the last hour from its samples, and the
+# samples up to one 5-minute gap before it (gpupool.gpu_usage.idle_time): an hour and two gaps.
+IDLE_MIN_SAMPLE_RETENTION_MIN = 70
 _PATH_FIELDS = ("templates_dir", "job_root", "runas_socket", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
 
 
@@ -131,7 +134,8 @@ class Settings:
     idle_threshold_pct: int = 5
     idle_grace_min: int = 30
     idle_cancel: bool = False
-    # Per-GPU samples are kept this long (the job page's chart, and the longest window judged).
+    # Per-GPU samples are kept this long (the job page's chart, and the longest window judged);
+    # at least IDLE_MIN_SAMPLE_RETENTION_MIN.
     idle_sample_retention_min: int = 24 * 60
     # Who may read the API's /metrics (no token needed); anyone else gets 404. Empty: nobody.
     metrics_allow_cidrs: tuple[str, ...] = (
@@ -275,8 +279,11 @@ class Settings:
             raise ConfigError(f"gpu_exporter_url may name only {{node}} and {{port}}: {exc}") from exc
         if self.idle_window_min < 0 or self.idle_grace_min < 0 or not 0 <= self.idle_threshold_pct <= 100:
             raise ConfigError("idle_window_min and idle_grace_min must be 0 or more, idle_threshold_pct 0 to 100")
-        if self.idle_sample_retention_min <= 0:
-            raise ConfigError("idle_sample_retention_min must be positive")
+        if self.idle_sample_retention_min < IDLE_MIN_SAMPLE_RETENTION_MIN:
+            raise ConfigError(
+                f"idle_sample_retention_min must be at least {IDLE_MIN_SAMPLE_RETENTION_MIN}: "
+                "each idle check recounts the last hour's idle GPU-seconds from its samples"
+            )
 
     def billing_url(self) -> str:
         return self.billing_database_url or self.database_url

@@ -8,7 +8,10 @@ through the proxy (nginx, ``auth_request``) is checked here against a cookie
 of the session's own origin, set by a single-use link that ``GET
 /jobs/<id>/session`` hands out; the answer gives nginx the upstream and the
 session's secret, which the shim checks. A session with no byte through the
-shim and no open WebSocket for its idle timeout is cancelled as its tenant.
+shim, no open WebSocket and no busy GPU for its idle timeout is cancelled as
+its tenant: a GPU is busy at or over the job's idle threshold
+(``gpupool.gpu_usage.idle``), as ``gpupool idle check`` sampled it, so a
+kernel training with the browser closed keeps its session.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from gpupool import joblogs
 from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, GpupoolError, LogUnavailable
+from gpupool.gpu_usage.idle import last_busy_at
 from gpupool.models.accounts import Account
 from gpupool.models.jobs import Job
 from gpupool.models.sessions import COOKIE, LINK, JobSession, SessionGrant
@@ -286,16 +290,26 @@ def authorize(db: Session, settings: Settings, label: str, cookie: str, now: dt.
     return Upstream(job_id=job.id, address=f"{host}:{record.port}", secret=record.secret)
 
 
-def idle_reason(minutes: int) -> str:
-    return f"idle: no request and no open WebSocket for {minutes} min; gpupool cancelled it"
+def idle_reason(minutes: int, threshold_pct: int) -> str:
+    return f"idle: no request, no open WebSocket and no GPU at {threshold_pct}% or more for {minutes} min; gpupool cancelled it"
+
+
+def stop_due(active_at: dt.datetime, gpus_busy_at: dt.datetime | None, timeout_min: int, now: dt.datetime) -> bool:
+    """Whether a session is idle for its timeout: no request or WebSocket since ``active_at``, no busy GPU since
+    ``gpus_busy_at`` (None: not in the samples read). Pure."""
+    since = active_at if gpus_busy_at is None else max(active_at, gpus_busy_at)
+    return now - since >= dt.timedelta(minutes=timeout_min)
 
 
 def sweep_idle(db: Session, settings: Settings, slurm: SlurmClient, now: dt.datetime) -> list[str]:
     """Cancel, as their tenants, the running sessions idle for their timeout; the ids of the jobs cancelled.
 
-    Activity is the shim's own count (bytes relayed, WebSockets open). A shim that
-    does not answer has nothing going through it: its session ages from the last
-    activity seen, or from its start when it never became ready.
+    Activity is the shim's own count (bytes relayed, WebSockets open) and the
+    job's GPU samples: a GPU at or over the idle threshold within the timeout
+    keeps the session. A shim that does not answer has nothing going through
+    it: its session ages from the last activity seen, or from its start when it
+    never became ready. No samples (no exporter, no idle check) is no evidence
+    of a busy GPU.
     """
     rows = db.execute(
         select(JobSession, Job)
@@ -316,8 +330,12 @@ def sweep_idle(db: Session, settings: Settings, slurm: SlurmClient, now: dt.date
             if record.last_active_at is None or seen > record.last_active_at:
                 record.last_active_at = seen
         since = record.last_active_at or record.ready_at or job.started_at or now
-        if now - since < dt.timedelta(minutes=record.idle_timeout_min):
+        timeout = dt.timedelta(minutes=record.idle_timeout_min)
+        if now - since < timeout:
             continue
+        gpus_busy_at, threshold = last_busy_at(db, settings, job, now - timeout)
+        if not stop_due(since, gpus_busy_at, record.idle_timeout_min, now):
+            continue  # no request, but a GPU at work: a kernel training with the browser closed
         assert job.slurm_job_id is not None
         log.info("session of job %s (Slurm %s) idle since %s: cancelling it", job.id, job.slurm_job_id, utc_text(since))
         try:
@@ -330,7 +348,7 @@ def sweep_idle(db: Session, settings: Settings, slurm: SlurmClient, now: dt.date
             log.warning("session of job %s: scancel failed: %s", job.id, exc.message)
             continue
         record.idle_stopped_at = now
-        job.end_reason = idle_reason(record.idle_timeout_min)
+        job.end_reason = idle_reason(record.idle_timeout_min, threshold)
         stopped.append(job.id)
     db.commit()
     return stopped

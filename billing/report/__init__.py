@@ -11,6 +11,9 @@ Where each figure comes from:
   have a node down or drained (``sacctmgr show event``), as ``sreport`` does;
 - queue wait: Start - Submit of every run that started in the window (sacct);
 - waiting now: squeue's pending jobs and Slurm's reason;
+- idle GPUs: ``idle_gpu_hours``, the GPU-seconds ``gpupool idle check`` measured
+  under each job's idle threshold, per job and UTC hour, by account and template,
+  and their share of the GPU-hours sold;
 - payback: ``node_costs`` (``gpupool node cost set``) and the
   ``electricity_price_per_kwh`` setting, against the revenue of the runs each
   node ran (a ledger run is found in sacct by job id and start).
@@ -25,12 +28,14 @@ Modules, each importing only those above it:
 - ``utilization``: GPU-seconds possible, down and allocated per node and GPU type;
 - ``queue_wait``: wait percentiles, and the jobs pending now;
 - ``payback``: node costs, electricity and revenue per node;
+- ``alerts``, ``idle``: spend alerts sent; idle GPU-seconds (``idle_figures``, pure);
 - ``schema``: the pydantic models of the JSON (``GET /admin/report``, its OpenAPI schema);
 - ``build``: ``build_report`` and ``Report``;
 - ``output``: the terminal table and the CSV.
 """
 
 from billing.report.build import Report, build_report
+from billing.report.idle import idle_figures
 from billing.report.intervals import gpu_hours, overlap_s, percentile, union_s
 from billing.report.output import cents_text, report_csv, report_table
 from billing.report.payback import (
@@ -55,6 +60,7 @@ __all__ = [
     "cents_text",
     "energy_nanos",
     "gpu_hours",
+    "idle_figures",
     "months_to_payback",
     "overlap_s",
     "parse_window",

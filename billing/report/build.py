@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from billing.money import format_nanos, parse_nanos
 from billing.report.alerts import alerts_sent
+from billing.report.idle import idle_figures, idle_rows
 from billing.report.intervals import gpu_hours
 from billing.report.payback import NodePayback, attribute_to_nodes, payback_figures
 from billing.report.queue_wait import queue_waits, waiting_now_lines
@@ -54,6 +55,8 @@ class Report:
     revenue_by_tier: list[dict[str, Any]] = field(default_factory=list)
     # Spend alerts the billing passes sent in the window (billing.alerts), by account, kind and threshold.
     alerts_sent: list[dict[str, Any]] = field(default_factory=list)
+    # GPU-seconds under the idle threshold (billing.report.idle): total, share of those sold, by account and template.
+    idle_gpus: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +73,7 @@ class Report:
             "adjustments": self.adjustments,
             "gpu_seconds_sold": self.gpu_seconds_sold,
             "gpu_hours_sold": self.gpu_hours_sold,
+            "idle_gpus": self.idle_gpus,
             "utilization": self.utilization,
             "utilization_by_node": self.utilization_by_node,
             "utilization_by_gpu_type": self.utilization_by_gpu_type,
@@ -101,6 +105,7 @@ def build_report(
     ledger = ledger_window(session, since, end)
     adjustments = window_adjustments(session, since, until)
     alerts = alerts_sent(session, since, until)
+    idle = idle_figures(idle_rows(session, since, until), ledger.total.gpu_seconds)
     adjustment_nanos = adjustments.pop("_nanos")
 
     cells = utilization_cells(nodes, allocations, events, since, end)
@@ -158,6 +163,7 @@ def build_report(
         ],
         adjustments=adjustments,
         alerts_sent=alerts,
+        idle_gpus=idle,
         gpu_seconds_sold=ledger.total.gpu_seconds,
         gpu_hours_sold=gpu_hours(ledger.total.gpu_seconds),
         utilization=utilization_line("scope", "cluster", cells.values()),

@@ -44,6 +44,7 @@ def report_table(report: Report) -> str:
         f"net {cents_text(data['revenue']['net'])}; GPU-hours sold {data['gpu_hours_sold']}; "
         f"utilization {_percent(data['utilization']['utilization'])}",
     ]
+    idle = data["idle_gpus"]
     out += _table("Revenue by account", ("account", "gpu_hours", "amount"), [(r["account"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_account"]])
     out += _table("Revenue by GPU type", ("gpu_type", "gpu_hours", "amount"), [(r["gpu_type"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_gpu_type"]])
     out += _table("Revenue by price tier", ("tier", "gpu_hours", "amount"), [(r["tier"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_tier"]])
@@ -53,6 +54,12 @@ def report_table(report: Report) -> str:
         f"Adjustments (credits {cents_text(adjustments['credits'])}, charges {cents_text(adjustments['charges'])})",
         ("account", "period", "kind", "amount", "reason"),
         [(a["account"], a["period"], a["kind"], cents_text(a["amount"]), a["reason"]) for a in adjustments["lines"]],
+    )
+    out += _table(
+        f"Idle GPU-hours (under the idle threshold): {idle['gpu_hours']}, {_percent(idle['share_of_gpu_hours_sold'])} of GPU-hours sold",
+        ("by", "name", "gpu_hours", "gpu_seconds"),
+        [("account", r["account"], r["gpu_hours"], r["gpu_seconds"]) for r in idle["by_account"]]
+        + [("template", r["template"], r["gpu_hours"], r["gpu_seconds"]) for r in idle["by_template"]],
     )
     out += _table(
         "Utilization by node (allocated / available GPU-hours)",
@@ -105,7 +112,11 @@ def report_csv(report: Report) -> str:
         ("window", "currency", "text", data["currency"]),
         *(("revenue", "total", key, value) for key, value in data["revenue"].items()),
         ("gpu_hours_sold", "total", "gpu_hours", data["gpu_hours_sold"]),
+        *(("idle_gpus", "total", metric, data["idle_gpus"][metric]) for metric in ("gpu_seconds", "gpu_hours", "share_of_gpu_hours_sold")),
     ]
+    for key in ("account", "template"):
+        for line in data["idle_gpus"][f"by_{key}"]:
+            rows += [(f"idle_gpus_by_{key}", line[key], metric, line[metric]) for metric in ("gpu_seconds", "gpu_hours")]
     for section, key in (
         ("revenue_by_account", "account"), ("revenue_by_gpu_type", "gpu_type"), ("revenue_by_tier", "tier"), ("revenue_by_day", "date"),
     ):

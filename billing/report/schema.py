@@ -162,6 +162,30 @@ class ReportAlertsSent(_Model):
     last_sent_at: dt.datetime
 
 
+class _IdleLine(_Model):
+    gpu_seconds: int
+    gpu_hours: str = Field(description="gpu_seconds / 3600, 2 decimals")
+
+
+class ReportIdleByAccount(_IdleLine):
+    account: str
+
+
+class ReportIdleByTemplate(_IdleLine):
+    template: str
+
+
+class ReportIdleGpus(_IdleLine):
+    """GPU-seconds the idle check measured under each job's idle threshold (its policy's, else the default), in the
+    UTC hours that start in the window: between consecutive samples of a GPU at most 5 minutes apart, both under."""
+
+    share_of_gpu_hours_sold: str | None = Field(
+        description="gpu_seconds / gpu_seconds_sold, 4 decimals; null with nothing sold. Jobs not billed yet count as idle, not as sold"
+    )
+    by_account: list[ReportIdleByAccount]
+    by_template: list[ReportIdleByTemplate]
+
+
 class ReportOut(_Model):
     """``GET /admin/report``: amounts are exact decimal text; GPU-seconds are integers.
 
@@ -181,6 +205,7 @@ class ReportOut(_Model):
     adjustments: ReportAdjustments
     gpu_seconds_sold: int
     gpu_hours_sold: str
+    idle_gpus: ReportIdleGpus
     utilization: ReportUtilization
     utilization_by_node: list[ReportNodeUtilization]
     utilization_by_gpu_type: list[ReportGpuTypeUtilization]

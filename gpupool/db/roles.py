@@ -83,6 +83,9 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # The audit log: the API records customers' actions and shows an account's admins their own;
     # the operator's commands record theirs as the owner. Triggers refuse UPDATE and DELETE to all.
     "audit_events": {API: APPEND, BILLING: NONE},
+    # The same pass adds each job's idle GPU-seconds per hour (an upsert that keeps the larger
+    # count); the operator report (/admin/report, with the API's role) sums them.
+    "idle_gpu_hours": {API: READ_WRITE, BILLING: NONE},
     # Hardware costs for the operator report; set with `gpupool node cost set`.
     "node_costs": {API: READ, BILLING: NONE},
     # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.

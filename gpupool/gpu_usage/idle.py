@@ -8,13 +8,22 @@ pass:
 2. scrapes each of those nodes' exporters once (``gpupool.gpu_usage.exporter``)
    and records, for every gpupool job, one ``gpu_samples`` row per GPU it holds;
 3. prunes samples older than ``idle_sample_retention_min``;
-4. judges each job against its policy (``policy_for``: the account's, else the
+4. adds each job's idle GPU-seconds of the last hour to ``idle_gpu_hours``
+   (``gpupool.gpu_usage.idle_time``: what the operator report's idle GPU-hours
+   sum), by the threshold of ``threshold_of``, and commits;
+5. judges each job against its policy (``policy_for``: the account's, else the
    template's, else the settings' default) with ``judge``, a pure function;
-5. acts on the verdict (``next_step``): the first pass that finds a job idle
+6. acts on the verdict (``next_step``): the first pass that finds a job idle
    sends ``job.idle`` (a signed webhook to the endpoints that want it, and an
    email to the account's alert address when the operator has an SMTP server),
    and a pass ``grace_min`` after that, when the policy says cancel and the job
    is still idle, cancels it as its tenant and says why in ``end_reason``.
+
+Session jobs (JupyterLab, web apps) are judged like any job: a session whose
+GPUs idle through the window gets job.idle however busy its browser tab, and
+the cancel ends the session too (``job_sessions.idle_stopped_at``), so the
+proxy stops serving it at once and the session sweep leaves it alone. A job
+the session sweep already stopped is not cancelled a second time.
 
 A job that gets busy again is re-armed: its next idle spell sends job.idle
 again and starts a new grace. A GPU the exporter did not report, a sample
@@ -40,7 +49,9 @@ from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, GpupoolError
 from gpupool.gpu_usage.exporter import NodeMetrics, scrape_cluster
-from gpupool.models import AlertSettings, EmailOutbox, Job
+from gpupool.gpu_usage.idle_time import recount, recount_from, store_idle_hours
+from gpupool.gpu_usage.samples import MAX_GAP, GpuKey, Reading, is_under
+from gpupool.models import AlertSettings, EmailOutbox, Job, JobSession
 from gpupool.models.alerts import EMAIL_PENDING
 from gpupool.models.gpu_usage import ACCOUNT, TEMPLATE, GpuSample, IdlePolicy
 from gpupool.slurm.client import SlurmClient
@@ -49,13 +60,10 @@ from gpupool.webhooks import JOB_IDLE, enqueue_job_event
 
 log = logging.getLogger("gpupool.idle")
 
-# Samples further apart than this (or a latest one older than this) leave the stretch unjudged.
-MAX_GAP = dt.timedelta(minutes=5)
 # What GET /jobs/<id> shows per GPU: the latest samples, oldest first.
 RECENT_SAMPLES_PER_GPU = 60
 MAX_GPUS_SHOWN = 16
 
-GpuKey = tuple[str, int]  # (node, GPU index on that node)
 Scrape = Callable[[Iterable[str], Settings], Mapping[str, NodeMetrics]]
 
 NOTIFY = "notify"
@@ -81,14 +89,6 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class Reading:
-    """One GPU's utilization at one moment; None: the exporter reported the GPU but not its load."""
-
-    at: dt.datetime
-    utilization_pct: float | None
-
-
-@dataclass(frozen=True)
 class Verdict:
     idle: bool
     # Since when every GPU has been under the threshold, as far as the samples show; None: some GPU is not.
@@ -104,7 +104,7 @@ def under_since(readings: Sequence[Reading], threshold_pct: float, now: dt.datet
             continue
         if later - reading.at > max_gap:
             break
-        if reading.utilization_pct is None or reading.utilization_pct >= threshold_pct:
+        if not is_under(reading, threshold_pct):
             break
         since = later = reading.at
     return since
@@ -132,6 +132,18 @@ def judge(
     return Verdict(now - since >= dt.timedelta(minutes=policy.window_min), since)
 
 
+def busy_at(samples: Mapping[GpuKey, Sequence[Reading]], threshold_pct: float) -> dt.datetime | None:
+    """The latest moment any of the GPUs was at or over the threshold, by the samples; None: never.
+
+    Pure. A sample without a utilization is no evidence either way.
+    """
+    return max(
+        (reading.at for readings in samples.values() for reading in readings
+         if reading.utilization_pct is not None and not is_under(reading, threshold_pct)),
+        default=None,
+    )
+
+
 def next_step(verdict: Verdict, policy: Policy, notified_at: dt.datetime | None, cancelled_at: dt.datetime | None, now: dt.datetime) -> str | None:
     """What a pass does with a judged job: notify, cancel, re-arm (busy again after a notice) or nothing."""
     if cancelled_at is not None:
@@ -143,6 +155,11 @@ def next_step(verdict: Verdict, policy: Policy, notified_at: dt.datetime | None,
     if policy.cancel and now - notified_at >= dt.timedelta(minutes=policy.grace_min):
         return CANCEL
     return None
+
+
+def threshold_of(policy: Policy | None, settings: Settings) -> int:
+    """The utilization under which a job's GPU counts as idle: its policy's (whatever the window), else the default."""
+    return settings.idle_threshold_pct if policy is None else policy.threshold_pct
 
 
 def default_policy(settings: Settings) -> Policy | None:
@@ -240,6 +257,12 @@ def _readings(session: Session, job_id: str, since: dt.datetime) -> dict[GpuKey,
     return found
 
 
+def last_busy_at(session: Session, settings: Settings, job: Job, since: dt.datetime) -> tuple[dt.datetime | None, int]:
+    """When the job's GPUs were last busy (at or over its idle threshold) since ``since``, and that threshold."""
+    threshold = threshold_of(policy_for(session, settings, job.account, job.template), settings)
+    return busy_at(_readings(session, job.id, since), threshold), threshold
+
+
 def _notice_data(policy: Policy, verdict: Verdict, gpus: Sequence[GpuKey], now: dt.datetime) -> dict[str, Any]:
     cancel_at = now + dt.timedelta(minutes=policy.grace_min) if policy.cancel else None
     return {
@@ -284,6 +307,13 @@ def _notify(session: Session, settings: Settings, job: Job, policy: Policy, verd
     job.idle_notified_at = now
 
 
+def _end_session(session: Session, job: Job, now: dt.datetime) -> None:
+    """A session job cancelled for idle GPUs is over for its proxy and page now, and the session sweep leaves it be."""
+    record = session.get(JobSession, job.id)
+    if record is not None and record.idle_stopped_at is None:
+        record.idle_stopped_at = now
+
+
 def _cancel(slurm: SlurmClient, job: Job) -> bool:
     assert job.slurm_job_id is not None
     try:
@@ -319,14 +349,22 @@ def check_idle(session: Session, settings: Settings, slurm: SlurmClient, now: dt
     retention = dt.timedelta(minutes=settings.idle_sample_retention_min)
     pruned = session.execute(delete(GpuSample).where(GpuSample.sampled_at < now - retention))
     result.pruned = int(getattr(pruned, "rowcount", 0) or 0)
-    session.commit()
 
+    judged: list[tuple[Job, Policy | None, dict[GpuKey, list[Reading]]]] = []
     for job in jobs:
         policy = policy_for(session, settings, job.account, job.template)
+        since = recount_from(now)
+        if policy is not None:
+            since = min(since, now - dt.timedelta(minutes=policy.window_min) - MAX_GAP)
+        readings = _readings(session, job.id, since)
+        store_idle_hours(session, job.id, recount(readings, threshold_of(policy, settings), now))
+        judged.append((job, policy, readings))
+    session.commit()
+
+    for job, policy, readings in judged:
         if policy is None:
             continue
         gpus = held[job.id]
-        readings = _readings(session, job.id, now - dt.timedelta(minutes=policy.window_min) - MAX_GAP)
         verdict = judge(readings, gpus, policy, now)
         step = next_step(verdict, policy, job.idle_notified_at, job.idle_cancelled_at, now)
         job.idle_since = verdict.under_since if verdict.idle else None
@@ -337,11 +375,12 @@ def check_idle(session: Session, settings: Settings, slurm: SlurmClient, now: dt
         elif step == REARM:
             job.idle_notified_at = None
             result.rearmed.append(job.id)
-        elif step == CANCEL:
+        elif step == CANCEL and job.end_reason is None:  # else gpupool ended it already (an idle session), and said why
             log.info("job %s (Slurm %s) idle past its grace: cancelling it as its tenant", job.id, job.slurm_job_id)
             if _cancel(slurm, job):
                 job.idle_cancelled_at = now
                 job.end_reason = cancel_reason(policy)
+                _end_session(session, job, now)
                 result.cancelled.append(job.id)
         session.commit()  # each job's decision stands on its own: a cancel is never left unrecorded by a later one
     return result

@@ -6,7 +6,7 @@ from gpupool.models.alerts import AlertSent, AlertSettings, EmailOutbox
 from gpupool.models.api_keys import ApiKey
 from gpupool.models.audit import AuditEvent
 from gpupool.models.billing import Adjustment, BillingPass, BillingState, LedgerEntry, Price
-from gpupool.models.gpu_usage import GpuSample, IdlePolicy
+from gpupool.models.gpu_usage import GpuSample, IdleGpuHour, IdlePolicy
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.members import MEMBER_ROLES, AccountMember
 from gpupool.models.report import NodeCost
@@ -30,6 +30,7 @@ __all__ = [
     "BillingPass",
     "BillingState",
     "GpuSample",
+    "IdleGpuHour",
     "IdlePolicy",
     "IssuedToken",
     "ApiKey",

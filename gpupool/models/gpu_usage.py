@@ -1,4 +1,5 @@
-"""Recent per-GPU samples of gpupool jobs and the operator's idle policies (``gpupool.gpu_usage.idle``)."""
+"""Recent per-GPU samples of gpupool jobs, their idle GPU-seconds per hour, and the operator's idle policies
+(``gpupool.gpu_usage.idle``, ``gpupool.gpu_usage.idle_time``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ class GpuSample(Base):
     # None: the exporter answered for the GPU without this value.
     utilization_pct: Mapped[float | None] = mapped_column(Float)
     memory_used_mib: Mapped[float | None] = mapped_column(Float)
+
+
+class IdleGpuHour(Base):
+    """A job's idle GPU-seconds in one UTC hour, as the idle check measured them (``gpupool.gpu_usage.idle_time``).
+
+    Kept after the samples are pruned: the operator report's idle GPU-hours are these rows.
+    """
+
+    __tablename__ = "idle_gpu_hours"
+    __table_args__ = (Index("ix_idle_gpu_hours_hour", "hour"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    # The hour's first instant (UTC).
+    hour: Mapped[dt.datetime] = mapped_column(UTCDateTime, primary_key=True)
+    # Summed over the job's GPUs; fractions of a second stay, so hours split at their edges add up.
+    idle_gpu_seconds: Mapped[float] = mapped_column(Float)
 
 
 class IdlePolicy(Base):

@@ -26,9 +26,10 @@ from gpupool.db import utcnow
 from gpupool.gpu_usage.idle import CheckResult, check_idle, set_policy
 from gpupool.models import AlertSettings, EmailOutbox, GpuSample, Job, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from gpupool.models.gpu_usage import ACCOUNT
+from gpupool.sessions import sweep_idle
 from gpupool.slurm.client import SlurmClient
 from tests.api.test_web import signed_in
-from tests.conftest import sacct_row, slurm_cmd, wait_for, wait_for_state
+from tests.conftest import bearer, sacct_row, slurm_cmd, wait_for, wait_for_state
 from tests.support.gpu_exporter import FakeNodeExporter, serve_exporter
 
 NODE = "vm"
@@ -64,16 +65,37 @@ def watched(session_factory: sessionmaker, account: str) -> str:
     return account
 
 
-def running_two_gpu_job(client: FlaskClient, auth: dict[str, str]) -> tuple[dict[str, Any], tuple[int, int]]:
-    """Submit a 2-GPU job through the API, wait until it runs, and read its GPU indices from scontrol."""
-    submitted = client.post("/submit", headers=auth, json={"template": "hello", "gpus": 2, "params": {"seconds": 900}})
+def running_job(client: FlaskClient, auth: dict[str, str], body: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """Submit a job through the API, wait until it runs, and read its GPU indices from scontrol."""
+    submitted = client.post("/submit", headers=auth, json=body)
     assert submitted.status_code == 201, submitted.get_json()
     job = wait_for_state(client, submitted.get_json()["job_id"], auth, {"RUNNING"}, timeout_s=180)
     text = slurm_cmd("scontrol", "--details", "show", "job", str(job["slurm_job_id"]))
     # Read with a plain pattern here, not with the parser the check uses.
-    found = re.search(r"GRES=gpu:\w+:2\(IDX:(\d+)[-,](\d+)\)", text)
-    assert found, f"scontrol printed no GPU indices for a 2-GPU job: {text}"
-    return job, (int(found[1]), int(found[2]))
+    found = re.search(r"GRES=gpu:\w+:(\d+)\(IDX:([\d,-]+)\)", text)
+    assert found, f"scontrol printed no GPU indices: {text}"
+    indices: list[int] = []
+    for part in found[2].split(","):
+        low, _, high = part.partition("-")
+        indices += range(int(low), int(high or low) + 1)
+    assert len(indices) == int(found[1]) == body["gpus"], text
+    return job, indices
+
+
+def running_two_gpu_job(client: FlaskClient, auth: dict[str, str]) -> tuple[dict[str, Any], tuple[int, int]]:
+    job, (first, second) = running_job(client, auth, {"template": "hello", "gpus": 2, "params": {"seconds": 900}})
+    return job, (first, second)
+
+
+def report_window(start: dt.datetime) -> str:
+    """A report range of whole UTC hours around passes that start at ``start`` and run a few minutes."""
+    hour = start.replace(minute=0, second=0, microsecond=0)
+    return f"since={hour:%Y-%m-%dT%H:%M:%SZ}&until={hour + dt.timedelta(hours=2):%Y-%m-%dT%H:%M:%SZ}"
+
+
+def idle_seconds_served(served: dict[int, list[float]]) -> int:
+    """GPU-seconds idle by what the exporter served, one pass a minute: each minute between two samples under the threshold."""
+    return sum(60 * sum(1 for a, b in zip(values, values[1:], strict=False) if a < THRESHOLD_PCT and b < THRESHOLD_PCT) for values in served.values())
 
 
 def passes(session_factory: sessionmaker, settings: Settings, slurm: SlurmClient, start: dt.datetime, minutes: range) -> list[CheckResult]:
@@ -96,6 +118,7 @@ def test_a_job_idle_on_both_gpus_gets_job_idle_then_is_cancelled_after_the_grace
     job, (first, second) = running_two_gpu_job(client, auth)
     job_id = job["job_id"]
     exporter.utilization.update({first: 0.0, second: 0.0})
+    served = {first: [0.0] * (WINDOW_MIN + GRACE_MIN + 1), second: [0.0] * (WINDOW_MIN + GRACE_MIN + 1)}  # minutes 0..5
     start = utcnow()
 
     # Minutes 0..2: under the threshold, but not yet for the whole window.
@@ -131,9 +154,12 @@ def test_a_job_idle_on_both_gpus_gets_job_idle_then_is_cancelled_after_the_grace
     assert 'id="job-idle"' in page and 'id="gpu-utilization"' in page
     assert re.findall(r'<polyline class="line"[^>]*data-series="([^"]+)"', page) == [f"{NODE} GPU {first}", f"{NODE} GPU {second}"]
 
-    # Minute 4: inside the grace: nothing more, and Slurm still runs it.
+    # Minute 4: inside the grace: nothing more, and Slurm still runs it. The pass runs twice (a timer that
+    # fired twice): the second records a sample 0 s after the first and must count no stretch again.
     (in_grace,) = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN + 1, WINDOW_MIN + GRACE_MIN))
     assert (in_grace.notified, in_grace.cancelled) == ([], [])
+    (again,) = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN + 1, WINDOW_MIN + GRACE_MIN))
+    assert (again.samples, again.notified, again.cancelled) == (2, [], [])
     assert "JobState=RUNNING" in slurm_cmd("scontrol", "show", "job", str(job["slurm_job_id"]))
 
     # Minute 5: past the grace and still idle: cancelled as its tenant.
@@ -149,14 +175,28 @@ def test_a_job_idle_on_both_gpus_gets_job_idle_then_is_cancelled_after_the_grace
     assert ended["gpu_usage"]["idle_cancelled_at"] is not None
     assert len(idle_events(session_factory, job_id)) == 1  # never a second job.idle for the same spell
 
+    # The operator report: 5 idle minutes (samples at minutes 0..5) on each of the 2 GPUs, once, for the job's
+    # account and template.
+    idle_s = idle_seconds_served(served)
+    assert idle_s == 600
+    admin = bearer(settings, watched, sub="ops", role="admin")
+    report = client.get(f"/admin/report?{report_window(start)}", headers=admin).get_json()
+    assert report["idle_gpus"]["by_account"] == [{"account": watched, "gpu_seconds": idle_s, "gpu_hours": "0.17"}]
+    assert report["idle_gpus"]["by_template"] == [{"template": "hello", "gpu_seconds": idle_s, "gpu_hours": "0.17"}]
+    assert (report["idle_gpus"]["gpu_seconds"], report["idle_gpus"]["share_of_gpu_hours_sold"]) == (idle_s, None)  # none billed
+    page = signed_in(app.test_client(), settings, watched, sub="ops", role="admin").get(f"/ui/admin/report?{report_window(start)}")
+    body = page.get_data(as_text=True)
+    assert 'id="idle-gpu-hours">0.17<' in body and f"<td>{watched}</td><td class=\"num\">0.17</td><td class=\"num\">600</td>" in body
+
 
 def test_a_job_at_90_percent_on_one_of_its_two_gpus_gets_nothing(
     client: FlaskClient, auth: dict[str, str], watched: str, idle_settings: Settings, slurm: SlurmClient,
-    session_factory: sessionmaker, exporter: FakeNodeExporter,
+    session_factory: sessionmaker, exporter: FakeNodeExporter, settings: Settings,
 ) -> None:
     job, (first, second) = running_two_gpu_job(client, auth)
     exporter.utilization.update({first: 90.0, second: 0.0})
-    results = passes(session_factory, idle_settings, slurm, utcnow(), range(WINDOW_MIN + GRACE_MIN + 3))
+    start = utcnow()
+    results = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN + GRACE_MIN + 3))
     assert all(result.samples == 2 and result.notified == [] and result.cancelled == [] for result in results), results
     assert idle_events(session_factory, job["job_id"]) == []
     with session_factory() as session:
@@ -166,3 +206,32 @@ def test_a_job_at_90_percent_on_one_of_its_two_gpus_gets_nothing(
         utilizations = sorted({(s.gpu_index, s.utilization_pct) for s in session.scalars(select(GpuSample).where(GpuSample.job_id == job["job_id"]))})
         assert utilizations == sorted([(first, 90.0), (second, 0.0)])
     assert "JobState=RUNNING" in slurm_cmd("scontrol", "show", "job", str(job["slurm_job_id"]))
+    # Not an idle job, but one idle GPU: its 7 minutes count in the report's idle GPU-hours.
+    idle_s = idle_seconds_served({first: [90.0] * 8, second: [0.0] * 8})
+    admin = bearer(settings, watched, sub="ops", role="admin")
+    idle = client.get(f"/admin/report?{report_window(start)}", headers=admin).get_json()["idle_gpus"]
+    assert (idle_s, idle["gpu_seconds"], idle["by_account"][0]["account"]) == (420, 420, watched)
+
+
+def test_a_session_idle_on_its_gpu_is_cancelled_by_the_policy_and_its_session_ends_with_the_reason(
+    client: FlaskClient, auth: dict[str, str], watched: str, idle_settings: Settings, slurm: SlurmClient,
+    session_factory: sessionmaker, exporter: FakeNodeExporter,
+) -> None:
+    """A session job is judged like any job: job.idle, then the cancel after the grace, whatever its browser does."""
+    app_command = 'exec python3 -m http.server --bind 127.0.0.1 "$GPUPOOL_APP_PORT"'
+    job, (index,) = running_job(client, auth, {"template": "webapp", "gpus": 1, "params": {"command": app_command}})
+    job_id = job["job_id"]
+    exporter.utilization[index] = 0.0
+    start = utcnow()
+    results = passes(session_factory, idle_settings, slurm, start, range(WINDOW_MIN + GRACE_MIN + 1))
+    assert [result.notified for result in results] == [[], [], [], [job_id], [], []]
+    assert [result.cancelled for result in results] == [[], [], [], [], [], [job_id]]
+    # Over for the proxy and the page at once, with the policy's reason, before Slurm has even ended it.
+    session = client.get(f"/jobs/{job_id}/session", headers=auth).get_json()
+    assert session["state"] == "ended" and session["end_reason"].startswith(f"idle: every GPU under {THRESHOLD_PCT}% for {WINDOW_MIN} min")
+    # The session sweep, for which the session is long past its idle timeout, neither cancels it again nor rewrites why.
+    with session_factory() as db_session:
+        assert sweep_idle(db_session, idle_settings, slurm, start + dt.timedelta(hours=2)) == []
+    ended = wait_for_state(client, job_id, auth, {"CANCELLED"}, timeout_s=60)
+    assert ended["end_reason"] == session["end_reason"]
+    assert sacct_row(job["slurm_job_id"], "JobID,State")["State"].startswith("CANCELLED")

@@ -16,15 +16,17 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy import create_engine, delete, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from api import create_app
 from billing import passes
 from billing.alerts import set_alert_settings
+from billing.report.idle import idle_rows
 from gpupool import db
 from gpupool.db.roles import TABLE_ACCESS
+from gpupool.gpu_usage.idle_time import store_idle_hours
 from gpupool.models import (
     Account,
     Adjustment,
@@ -32,6 +34,7 @@ from gpupool.models import (
     Base,
     BillingPass,
     EmailOutbox,
+    IdleGpuHour,
     Job,
     LedgerEntry,
     WebhookDelivery,
@@ -227,6 +230,37 @@ def test_the_api_role_reads_what_it_serves_and_writes_jobs(billed: RolesDb) -> N
             session.delete(job)
     finally:
         engine.dispose()
+
+
+def test_the_api_role_counts_idle_gpu_hours_for_the_report_and_billing_cannot_see_them(billed: RolesDb) -> None:
+    """`gpupool idle check` upserts (INSERT ... ON CONFLICT DO UPDATE, reading the stored count) and
+    /admin/report sums them, both as the API's role."""
+    job_id = "00000000-0000-4000-8000-000000000021"
+    hour = dt.datetime(2026, 11, 3, 10, tzinfo=dt.UTC)
+    engine = db.make_engine(billed.api_url)
+    try:
+        sessions = db.make_session_factory(engine)
+        now = db.utcnow()
+        with sessions() as session, session.begin():
+            session.add(
+                Job(
+                    id=job_id, account="acme", owner="alice", name="j", template="train", params={}, gpus=1, cpus=1,
+                    mem_gb=1, time_limit_min=1, job_dir="/nonexistent", state="RUNNING", finished=False,
+                    request_hash="0" * 64, created_at=now, updated_at=now,
+                )
+            )
+        for seconds in (120.0, 180.0, 60.0):
+            with sessions() as session, session.begin():
+                store_idle_hours(session, job_id, {hour: seconds})
+        with sessions() as session:
+            assert idle_rows(session, hour, hour + dt.timedelta(hours=1)) == [("acme", "train", 180.0)]
+        with sessions() as session, session.begin():
+            session.execute(delete(Job).where(Job.id == job_id))  # its hours go with it (ON DELETE CASCADE)
+        with sessions() as session:
+            assert session.scalars(select(IdleGpuHour.hour).where(IdleGpuHour.job_id == job_id)).all() == []
+    finally:
+        engine.dispose()
+    assert_permission_denied(billed.billing_url, "SELECT * FROM idle_gpu_hours", "idle_gpu_hours")
 
 
 def test_the_billing_role_adds_ledger_rows_but_changes_none(billed: RolesDb) -> None:

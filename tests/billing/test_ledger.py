@@ -16,7 +16,7 @@ from sqlalchemy import func, select, text
 from bench.synthetic_sacct import sacct_dump, synthetic_jobs
 from billing.money import format_nanos
 from billing.sacct import PASS_FIELDS, SACCT_FIELDS
-from gpupool.models import Adjustment, BillingPass
+from gpupool.models import Adjustment, BillingPass, Job
 from tests.billing.conftest import RTX3090_NANOS, RTX4090_NANOS, LedgerDb
 from tests.conftest import wait_for
 from tests.support.sacct_dumps import as_pass_output
@@ -84,7 +84,7 @@ def test_month_boundary_split_from_replayed_outputs(ledger_db: LedgerDb, tmp_pat
     november = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-").stdout)))
     assert october[1][:12] == ["job", "", "77", "job", "rtx4090", "2", "2026-10-31T23:00:00Z", "2026-11-01T00:00:00Z", "3600", "7200", "0.00012", "0.86"]
     assert november[1][6:12] == ["2026-11-01T00:00:00Z", "2026-11-01T01:30:00Z", "5400", "10800", "0.00012", "1.30"]
-    assert october[-1][-2] == "0.86" and november[-1][-2] == "1.30"
+    assert october[-1][11] == "0.86" and november[-1][11] == "1.30"
 
 
 def test_invoice_csv_lines_adjustments_and_exact_total(ledger_db: LedgerDb, tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_invoice_csv_lines_adjustments_and_exact_total(ledger_db: LedgerDb, tmp_
     lines = list(csv.reader(io.StringIO(raw.decode(), newline="")))
     assert lines[0] == [
         "line_type", "gpupool_job_id", "slurm_job_id", "job_name", "gpu_type", "gpus", "start", "end",
-        "billed_seconds", "gpu_seconds", "unit_price", "amount", "currency",
+        "billed_seconds", "gpu_seconds", "unit_price", "amount", "currency", "end_reason",
     ]
     assert [line[2:4] + line[9:12] for line in lines[1:4]] == [
         ["5", 'say "hi", then|pipe', "41", "0.00012", "0.00"],
@@ -126,6 +126,60 @@ def test_invoice_csv_lines_adjustments_and_exact_total(ledger_db: LedgerDb, tmp_
     again = tmp_path / "again.csv"
     assert ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", str(again)).returncode == 0
     assert again.read_bytes() == raw  # deterministic
+
+
+def add_api_job(ledger: LedgerDb, job_id: str, slurm_job_id: int, created: str, end_reason: str | None, ended: str | None) -> None:
+    """A job row as the API keeps it: the pass finds its id by Slurm id; gpupool's end_reason and Slurm's end."""
+    def moment(text: str) -> dt.datetime:
+        return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
+
+    with ledger.sessions() as session, session.begin():
+        session.add(
+            Job(
+                id=job_id, account="acme", owner="alice", name="job", template="jupyter", params={}, gpus=1, cpus=1,
+                mem_gb=1, time_limit_min=600, job_dir="/nonexistent", slurm_job_id=slurm_job_id, state="CANCELLED",
+                finished=True, end_reason=end_reason, ended_at=None if ended is None else moment(ended),
+                request_hash="0" * 64, created_at=moment(created), updated_at=moment(created),
+            )
+        )
+
+
+def test_the_line_of_the_run_gpupool_ended_carries_its_end_reason(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    ledger_db.add_account("acme")
+    tres = "cpu=1,gres/gpu:rtx4090=1,gres/gpu=1"
+    idle_gpus = "idle: every GPU under 5% for 60 min, still idle 30 min after the job.idle notice; gpupool cancelled it (account acme idle policy)"
+    idle_session = "idle: no request, no open WebSocket and no GPU at 5% or more for 30 min; gpupool cancelled it"
+    # 31: preempted and requeued, then cancelled for idle GPUs; 32: a session stopped after midnight of Oct 31; 33: completed.
+    add_api_job(ledger_db, "00000000-0000-4000-8000-000000000031", 31, "2026-11-02T09:00:00", idle_gpus, "2026-11-02T12:00:00")
+    add_api_job(ledger_db, "00000000-0000-4000-8000-000000000032", 32, "2026-10-31T22:00:00", idle_session, "2026-11-01T01:00:00")
+    add_api_job(ledger_db, "00000000-0000-4000-8000-000000000033", 33, "2026-11-02T09:00:00", None, "2026-11-02T10:00:00")
+    replay_ok(
+        ledger_db,
+        dump(
+            tmp_path,
+            "ended.psv",
+            row(31, "acme", "PREEMPTED", "2026-11-02T10:00:00", "2026-11-02T10:30:00", 1800, tres),
+            row(31, "acme", "CANCELLED", "2026-11-02T11:00:00", "2026-11-02T12:00:00", 3600, tres),
+            row(32, "acme", "CANCELLED", "2026-10-31T23:00:00", "2026-11-01T01:00:00", 7200, tres),
+            row(33, "acme", "COMPLETED", "2026-11-02T09:30:00", "2026-11-02T10:00:00", 1800, tres),
+        ),
+    )
+
+    def invoice(period: str) -> list[dict[str, str]]:
+        result = ledger_db.cli("invoice", "--account", "acme", "--period", period, "-o", "-")
+        assert result.returncode == 0, result.stderr
+        return list(csv.DictReader(io.StringIO(result.stdout)))
+
+    november = [(line["slurm_job_id"], line["end"], line["end_reason"]) for line in invoice("2026-11")]
+    assert november == [
+        ("31", "2026-11-02T10:30:00Z", ""),  # the preempted run: not the one gpupool ended
+        ("31", "2026-11-02T12:00:00Z", idle_gpus),
+        ("32", "2026-11-01T01:00:00Z", idle_session),
+        ("33", "2026-11-02T10:00:00Z", ""),
+        ("", "", ""),  # the total
+    ]
+    # October's part of the session's run ended at midnight, not when gpupool stopped it: that invoice stays as it was.
+    assert [(line["slurm_job_id"], line["end_reason"]) for line in invoice("2026-10")] == [("32", ""), ("", "")]
 
 
 def test_kill_9_mid_pass_leaves_nothing_and_the_rerun_matches_an_uninterrupted_pass(

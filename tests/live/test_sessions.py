@@ -16,6 +16,7 @@ import io
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -37,6 +38,7 @@ from gpupool.proxy import ProxyConfig, standalone_nginx_conf
 from gpupool.sessions import COOKIE_NAME, node_address, shim_status
 from tests.conftest import recorded_token, sacct_row, wait_for
 from tests.live.conftest import Server, http
+from tests.support.gpu_exporter import serve_exporter
 from tests.support.http import as_service_user_argv, free_port
 from tests.support.services import TENANT_PREFIX, cancel_account_jobs, slurm_cmd
 from tests.support.tenancy import ensure_service_user
@@ -421,6 +423,55 @@ def operator(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(GPUPOOL), *args], env=server.env, capture_output=True, text=True, timeout=120, check=False)
 
 
+def gpu_index(server: Server, token: str, session: dict) -> int:
+    """The GPU Slurm gave the 1-GPU session job, as ``scontrol --details`` prints it (GRES IDX)."""
+    job = http("GET", f"{server.url}/jobs/{session['job_id']}", token=token).body
+    text = slurm_cmd("scontrol", "--details", "show", "job", str(job["slurm_job_id"]))
+    found = re.search(r"GRES=gpu:\w+:1\(IDX:(\d+)\)", text)
+    assert found, text
+    return int(found[1])
+
+
+def test_a_session_with_no_request_but_a_busy_gpu_is_kept_while_one_at_0_percent_is_stopped(
+    api_and_proxy: tuple[Server, Proxy], live_settings: Settings, slurm_account: str, app_dir: Path,
+) -> None:
+    """JupyterLab training with the browser closed: the node's exporter (recorded output, served here) says the GPU is busy."""
+    server, _proxy = api_and_proxy
+    token = recorded_token(live_settings, slurm_account, sub=f"g-{secrets.token_hex(3)}")
+    # The busy one first: its minute without a request is up before the idle one's.
+    busy = start_session(server, token, app_dir, idle_timeout_min=1)
+    idle = start_session(server, token, app_dir, idle_timeout_min=1)
+    served = {gpu_index(server, token, busy): 90.0, gpu_index(server, token, idle): 0.0}
+    outputs: list[str] = []
+    with serve_exporter(served) as exporter:
+        env = {**server.env, "GPUPOOL_GPU_EXPORTER_URL": "http://127.0.0.1:{port}/metrics", "GPUPOOL_GPU_EXPORTER_PORT": str(exporter.port)}
+
+        def check_and_sweep() -> bool:
+            checked = subprocess.run([str(GPUPOOL), "idle", "check"], env=env, capture_output=True, text=True, timeout=120, check=False)
+            assert checked.returncode == 0 and "GPU metrics not read" not in checked.stdout, (checked.stdout, checked.stderr)
+            swept = subprocess.run([str(GPUPOOL), "sessions", "sweep"], env=env, capture_output=True, text=True, timeout=120, check=False)
+            assert swept.returncode == 0, swept.stderr
+            outputs.append(swept.stdout)
+            return idle["job_id"] in swept.stdout
+
+        wait_for(check_and_sweep, timeout_s=300, interval_s=10, what="the sweep to stop the session at 0 %")
+        check_and_sweep()  # and once more, past both timeouts
+        assert exporter.scrapes >= 2
+    assert not any(busy["job_id"] in output for output in outputs), outputs
+    # No request for over its minute, as its own page says, and still running: in gpupool and in Slurm.
+    kept = http("GET", f"{server.url}/jobs/{busy['job_id']}/session", token=token).body
+    assert kept["state"] == "idle" and kept["idle_min"] >= 1, kept
+    kept_job = http("GET", f"{server.url}/jobs/{busy['job_id']}", token=token).body
+    assert kept_job["state"] == "RUNNING" and kept_job["end_reason"] is None, kept_job
+    assert "JobState=RUNNING" in slurm_cmd("scontrol", "show", "job", str(kept_job["slurm_job_id"]))
+    stopped = wait_for(
+        lambda: (body := http("GET", f"{server.url}/jobs/{idle['job_id']}", token=token).body)["state"] != "RUNNING" and body,
+        timeout_s=60, what="the idle session's job to end",
+    )
+    assert stopped["state"] == "CANCELLED", stopped
+    assert stopped["end_reason"] == "idle: no request, no open WebSocket and no GPU at 5% or more for 1 min; gpupool cancelled it"
+
+
 def test_idle_session_is_cancelled_and_billed_for_its_run(
     api_and_proxy: tuple[Server, Proxy], live_settings: Settings, slurm_account: str, app_dir: Path,
 ) -> None:
@@ -474,3 +525,5 @@ def test_idle_session_is_cancelled_and_billed_for_its_run(
     assert lines, invoice.stdout
     assert sum(int(line["billed_seconds"]) for line in lines) == int(row["ElapsedRaw"])
     assert sum(int(line["gpu_seconds"]) for line in lines) == int(row["ElapsedRaw"])
+    # The invoice says why the run ended: on the run's last line, gpupool's own reason.
+    assert [line["end_reason"] for line in lines] == [""] * (len(lines) - 1) + [ended["end_reason"]], lines

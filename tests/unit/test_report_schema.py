@@ -59,6 +59,12 @@ ALERTS = [
     ("acme", "credit", 50, 1, utc("2026-11-02T10:31:00")),
     ("acme", "credit", 80, 1, utc("2026-11-02T10:46:00")),
 ]
+# (account, template, idle GPU-seconds) of the window's idle_gpu_hours rows; fractions from stretches split at an hour.
+IDLE = [
+    ("acme", "hello", 1800.0),
+    ("acme", "jupyter", 599.6),
+    ("beta", "hello", 3600.0),
+]
 NODE_COSTS = [
     SimpleNamespace(node="a", purchase_price_nanos=40_000 * 10**9, in_service_since=utc("2026-10-01T00:00:00"), watts=2330),
     SimpleNamespace(node="b", purchase_price_nanos=100 * 10**9, in_service_since=utc("2026-11-02T09:00:00"), watts=900),
@@ -66,7 +72,7 @@ NODE_COSTS = [
 
 
 class FakeSession:
-    """What build_report reads of a session: node costs, ledger rows, adjustments."""
+    """What build_report reads of a session: node costs, ledger rows, adjustments, alerts, idle GPU-seconds."""
 
     def __init__(self, costs: Iterable[SimpleNamespace]) -> None:
         self.costs = list(costs)
@@ -78,7 +84,10 @@ class FakeSession:
         return SimpleNamespace(execute=lambda _query, execution_options=None: list(LEDGER))
 
     def execute(self, query: Any) -> list[tuple[Any, ...]]:
-        return list(ALERTS) if "alerts_sent" in str(query) else list(ADJUSTMENTS)
+        text = str(query)
+        if "idle_gpu_hours" in text:
+            return list(IDLE)
+        return list(ALERTS) if "alerts_sent" in text else list(ADJUSTMENTS)
 
 
 class FakeSlurm:

@@ -1,7 +1,7 @@
 """the audit log: customers' and operators' changes to access, limits and money
 
 Revision ID: 0022
-Revises: 0020
+Revises: 0021
 Create Date: 2026-12-03
 
 ``audit_events``: one row per action that changes who may do what or spend
@@ -19,7 +19,7 @@ from alembic import op
 from gpupool.db import UTCDateTime
 
 revision = "0022"
-down_revision = "0020"
+down_revision = "0021"
 branch_labels = None
 depends_on = None
 
