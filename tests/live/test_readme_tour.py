@@ -11,6 +11,7 @@ import contextlib
 import json
 import re
 import secrets
+import shlex
 import subprocess
 import sys
 import urllib.error
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.config import Settings
+from gpupool_cli.main import build_parser
 from tests.conftest import REPO, recorded_token
 from tests.live.conftest import Server
 
@@ -135,3 +137,21 @@ def test_the_teams_section_runs_as_written(
     assert [(e["action"], e["actor"], e["via"]) for e in audit["events"][:3]] == [
         ("alerts.set", subject, "token"), ("key.create", subject, "token"), ("member.set", subject, "token"),
     ], audit
+
+
+def test_the_idle_gpus_section_runs_as_written(
+    start_server: Callable[..., Server], live_settings: Settings, slurm_account: str, tmp_path: Path
+) -> None:
+    operator, customer = section_blocks("## Idle GPUs", "sh")
+    # The operator's line as the CLI parses it (its run against a database is tests/api/test_idle_gpus.py's).
+    (command,) = [line for line in operator.splitlines() if line.startswith("gpupool ")]
+    parsed = build_parser().parse_args(shlex.split(command)[1:])
+    assert (parsed.account, parsed.window_min, parsed.threshold_pct, parsed.grace_min, parsed.cancel) == ("acme", 30, 5, 15, True)
+
+    server = start_server()
+    token = recorded_token(live_settings, slurm_account, sub=f"tour-{secrets.token_hex(3)}")
+    fail_on_http_errors = "set -euo pipefail\ncurl() { command curl --fail-with-body \"$@\"; }\n"
+    ran = run_block(fail_on_http_errors + customer, ["/bin/bash", "-c"], server, token, tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    (job,) = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    assert job["template"] == "hello" and set(job["gpu_usage"]) == {"idle_since", "idle_notified_at", "idle_cancelled_at", "gpus"}, job
