@@ -26,6 +26,9 @@ def cmd_idle_check(settings: Settings, args: argparse.Namespace) -> int:
             result = check_idle(session, settings, SlurmClient(settings), db.utcnow())
     finally:
         engine.dispose()
+    if result.skipped:
+        print("another idle check pass is running (it holds the lock): this one did nothing")
+        return 0
     print(
         f"{result.jobs} job(s) sampled ({result.samples} GPU samples, {result.pruned} old ones pruned); "
         f"{len(result.notified)} notified idle, {len(result.cancelled)} cancelled"

@@ -19,6 +19,19 @@ pass:
    and a pass ``grace_min`` after that, when the policy says cancel and the job
    is still idle, cancels it as its tenant and says why in ``end_reason``.
 
+A pass runs alone: it holds a PostgreSQL advisory lock (``gpupool.db.locks``)
+from before it reads the jobs until its last commit, so two passes at once (a
+timer on two API hosts, a slow pass and the next) never both send job.idle or
+both cancel; the second finds the lock held and does nothing
+(``CheckResult.skipped``). SQLite has no such lock: see ``locks.alone``.
+
+``scontrol``'s answer holds every tenant's free text, so a running record is
+believed for a gpupool job only when its account is the job's, its user that
+account's tenant user, and it names as many GPUs as the job holds
+(``record_doubt``; ``gpupool.slurm.detail`` already drops a job id printed
+twice). A record that fails is logged, and the job is neither sampled nor
+judged in that pass.
+
 Session jobs (JupyterLab, web apps) are judged like any job: a session whose
 GPUs idle through the window gets job.idle however busy its browser tab, and
 the cancel ends the session too (``job_sessions.idle_stopped_at``), so the
@@ -47,6 +60,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.clock import utc_text
 from gpupool.config import Settings
+from gpupool.db.locks import IDLE_CHECK, alone
 from gpupool.errors import CommandFailed, GpupoolError
 from gpupool.gpu_usage.exporter import NodeMetrics, scrape_cluster
 from gpupool.gpu_usage.idle_time import recount, recount_from, store_idle_hours
@@ -56,6 +70,7 @@ from gpupool.models.alerts import EMAIL_PENDING
 from gpupool.models.gpu_usage import ACCOUNT, TEMPLATE, GpuSample, IdlePolicy
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.detail import RunningJob
+from gpupool.slurm.tenants import tenant_user_name
 from gpupool.webhooks import JOB_IDLE, enqueue_job_event
 
 log = logging.getLogger("gpupool.idle")
@@ -217,17 +232,48 @@ def cancel_reason(policy: Policy) -> str:
 
 @dataclass
 class CheckResult:
+    # Another pass held the lock: this one did nothing.
+    skipped: bool = False
     jobs: int = 0
     samples: int = 0
     pruned: int = 0
     notified: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     rearmed: list[str] = field(default_factory=list)
+    # Jobs whose scontrol record was not believed (record_doubt): neither sampled nor judged.
+    doubted: list[str] = field(default_factory=list)
     node_errors: dict[str, str] = field(default_factory=dict)
 
 
 def _gpus_of(running: RunningJob) -> list[GpuKey]:
     return sorted({(alloc.node, index) for alloc in running.gpus for index in alloc.indices})
+
+
+def record_doubt(record: RunningJob, job: Job, tenant_user: str) -> str | None:
+    """Why scontrol's running ``record`` is not believed for ``job`` (None: it is), ``tenant_user`` the job account's.
+
+    Pure. ``job.gpus`` is all the job holds: gpupool submits every job to one
+    node (``gpupool.render.sbatch_options``), so GPUs per node times nodes is it.
+    """
+    if record.account != job.account or record.user != tenant_user:
+        return f"it is {record.user}'s under account {record.account}, not {tenant_user}'s under {job.account}"
+    named = len(_gpus_of(record))
+    if named != job.gpus:
+        return f"it names {named} GPU(s), the job holds {job.gpus}"
+    return None
+
+
+def _believed(jobs: Sequence[Job], running: Mapping[int, RunningJob], settings: Settings, result: CheckResult) -> list[Job]:
+    kept = []
+    for job in jobs:
+        assert job.slurm_job_id is not None
+        doubt = record_doubt(running[job.slurm_job_id], job, tenant_user_name(settings, job.account))
+        if doubt is None:
+            kept.append(job)
+        else:
+            log.warning("job %s (Slurm %s): scontrol's record not believed, skipped this pass: %s", job.id, job.slurm_job_id, doubt)
+            result.doubted.append(job.id)
+    return kept
 
 
 def _record(session: Session, job: Job, gpus: Sequence[GpuKey], metrics: Mapping[str, NodeMetrics], now: dt.datetime) -> int:
@@ -329,16 +375,25 @@ def _cancel(slurm: SlurmClient, job: Job) -> bool:
 
 
 def check_idle(session: Session, settings: Settings, slurm: SlurmClient, now: dt.datetime, scrape: Scrape = scrape_cluster) -> CheckResult:
-    """One pass (see the module docstring); commits what it recorded and decided."""
+    """One pass (see the module docstring), or none while another holds the lock; commits what it recorded and decided."""
+    with alone(session, IDLE_CHECK) as first:
+        if not first:
+            log.info("another idle check pass holds the lock: this one does nothing")
+            return CheckResult(skipped=True)
+        return _check(session, settings, slurm, now, scrape)
+
+
+def _check(session: Session, settings: Settings, slurm: SlurmClient, now: dt.datetime, scrape: Scrape) -> CheckResult:
     result = CheckResult()
     running = {job.slurm_job_id: job for job in slurm.running_gpu_jobs()}
-    jobs = (
+    found = (
         session.scalars(
             select(Job).where(Job.slurm_job_id.in_(sorted(running)), Job.finished.is_(False), Job.array_size.is_(None))
         ).all()
         if running
         else []
     )
+    jobs = _believed(found, running, settings, result)
     held = {job.id: _gpus_of(running[job.slurm_job_id]) for job in jobs if job.slurm_job_id is not None}
     metrics = scrape({node for gpus in held.values() for node, _ in gpus}, settings)
     result.node_errors = {node: found.error for node, found in metrics.items() if found.error is not None}

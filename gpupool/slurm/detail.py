@@ -22,7 +22,8 @@ idle check would judge (and may cancel) the other job on those GPUs. A job id
 printed twice is therefore believed from neither record (``JobRecords.doubted``):
 the real record is always there for a job Slurm knows, so a forged one always
 makes a second. (The idle check also believes a record only for its own job's
-account and tenant user.)
+account and tenant user, naming as many GPUs as the job holds:
+``gpupool.gpu_usage.idle.record_doubt``.)
 """
 
 from __future__ import annotations

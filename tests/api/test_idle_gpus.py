@@ -5,13 +5,19 @@ recorded nvidia-smi capture of an H100, served on 127.0.0.1 as
 nvidia_gpu_exporter serves it, with the utilization of each GPU index set by
 the test. The check passes run with a clock the test advances a minute at a
 time; Slurm, the run-as helper, scancel and sacct are real.
+
+Two passes at once need two connections, which a test's rolled-back
+transaction cannot give: that test makes a database of its own.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import pwd
 import re
-from collections.abc import Iterator
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -21,16 +27,29 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from api.event_schemas import validate_event
+from gpupool import db
 from gpupool.config import Settings
 from gpupool.db import utcnow
+from gpupool.gpu_usage.exporter import NodeMetrics, scrape_cluster
 from gpupool.gpu_usage.idle import CheckResult, check_idle, set_policy
 from gpupool.models import AlertSettings, EmailOutbox, GpuSample, Job, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from gpupool.models.gpu_usage import ACCOUNT
 from gpupool.sessions import sweep_idle
 from gpupool.slurm.client import SlurmClient
 from tests.api.test_web import signed_in
-from tests.conftest import bearer, sacct_row, slurm_cmd, wait_for, wait_for_state
+from tests.conftest import (
+    add_account_row,
+    bearer,
+    cancel_account_jobs,
+    create_app_for_tests,
+    sacct_row,
+    slurm_cmd,
+    wait_for,
+    wait_for_state,
+)
 from tests.support.gpu_exporter import FakeNodeExporter, serve_exporter
+from tests.support.services import create_database, drop_database
+from tests.support.tenancy import TENANT_PREFIX, sbatch_as_tenant
 
 NODE = "vm"
 WINDOW_MIN, THRESHOLD_PCT, GRACE_MIN = 3, 5, 2
@@ -54,8 +73,7 @@ def idle_settings(settings: Settings, exporter: FakeNodeExporter) -> Settings:
     )
 
 
-@pytest.fixture
-def watched(session_factory: sessionmaker, account: str) -> str:
+def watch(session_factory: sessionmaker, account: str) -> str:
     """The account with an idle policy that cancels, an alert email and a webhook endpoint for job.idle."""
     now = utcnow()
     with session_factory() as session, session.begin():
@@ -63,6 +81,28 @@ def watched(session_factory: sessionmaker, account: str) -> str:
         session.add(AlertSettings(account=account, thresholds="50,80,100", email=ALERT_EMAIL, updated_at=now))
         session.add(WebhookEndpoint(id=f"ep-idle-{account}", account=account, url=HOOK_URL, events="job.idle", secret="s", created_at=now))
     return account
+
+
+@pytest.fixture
+def watched(session_factory: sessionmaker, account: str) -> str:
+    return watch(session_factory, account)
+
+
+@pytest.fixture
+def own_database(slurm_account: str) -> Iterator[tuple[str, sessionmaker]]:
+    """A database of the test's own (its URL, and sessions on it that commit for real), the session's account watched."""
+    name = f"gpupool_idle_{secrets.token_hex(4)}"
+    url = create_database(name)
+    engine = db.make_engine(url)
+    try:
+        factory = db.make_session_factory(engine)
+        add_account_row(factory, slurm_account)
+        watch(factory, slurm_account)
+        yield url, factory
+    finally:
+        cancel_account_jobs(slurm_account)
+        engine.dispose()
+        drop_database(name)
 
 
 def running_job(client: FlaskClient, auth: dict[str, str], body: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
@@ -235,3 +275,139 @@ def test_a_session_idle_on_its_gpu_is_cancelled_by_the_policy_and_its_session_en
     ended = wait_for_state(client, job_id, auth, {"CANCELLED"}, timeout_s=60)
     assert ended["end_reason"] == session["end_reason"]
     assert sacct_row(job["slurm_job_id"], "JobID,State")["State"].startswith("CANCELLED")
+
+
+class HeldScrape:
+    """The exporters' scrape, where the first pass to reach it waits until the test lets it go on.
+
+    That pass has by then done all it does before scraping (the lock, reading the jobs); every other pass scrapes at once.
+    """
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.go_on = threading.Event()
+        self._lock = threading.Lock()
+        self._first = True
+
+    def __call__(self, nodes: Iterable[str], settings: Settings) -> Mapping[str, NodeMetrics]:
+        with self._lock:
+            first, self._first = self._first, False
+        if first:
+            self.reached.set()
+            assert self.go_on.wait(120), "the test never let the held pass go on"
+        return scrape_cluster(nodes, settings)
+
+
+def two_passes_at_once(factory: sessionmaker, settings: Settings, slurm: SlurmClient, at: dt.datetime) -> tuple[CheckResult, CheckResult]:
+    """(held, other): a pass held just before its scrape while another, on a connection of its own, runs whole."""
+    scrape = HeldScrape()
+    outcome: list[CheckResult | BaseException] = []
+
+    def held_pass() -> None:
+        try:
+            with factory() as session:
+                outcome.append(check_idle(session, settings, slurm, at, scrape))
+        except BaseException as exc:  # noqa: B036  (handed to the test's thread, which raises it)
+            outcome.append(exc)
+
+    thread = threading.Thread(target=held_pass)
+    thread.start()
+    try:
+        assert scrape.reached.wait(120), f"the held pass never reached its scrape: {outcome}"
+        # Another host's pass, its clock a second on.
+        with factory() as session:
+            other = check_idle(session, settings, slurm, at + dt.timedelta(seconds=1), scrape)
+    finally:
+        scrape.go_on.set()
+        thread.join(120)
+    (held,) = outcome
+    if isinstance(held, BaseException):
+        raise held
+    return held, other
+
+
+def test_two_passes_at_once_send_one_job_idle_and_cancel_once(
+    own_database: tuple[str, sessionmaker], slurm_account: str, idle_settings: Settings, slurm: SlurmClient, exporter: FakeNodeExporter,
+) -> None:
+    """Two passes overlap (a timer on two API hosts) at the window and past the grace: one acts, the other does nothing."""
+    url, factory = own_database
+    settings = idle_settings.replace(database_url=url)
+    client = create_app_for_tests(settings, slurm, factory).test_client()
+    auth = bearer(settings, slurm_account)
+    job, (first, second) = running_two_gpu_job(client, auth)
+    job_id = job["job_id"]
+    exporter.utilization.update({first: 0.0, second: 0.0})
+    start = utcnow()
+    assert [result.notified for result in passes(factory, settings, slurm, start, range(WINDOW_MIN))] == [[], [], []]
+
+    held, other = two_passes_at_once(factory, settings, slurm, start + dt.timedelta(minutes=WINDOW_MIN))
+    assert len(idle_events(factory, job_id)) == 1
+    with factory() as session:
+        assert len(session.scalars(select(EmailOutbox.id).where(EmailOutbox.account == slurm_account)).all()) == 1
+    assert (held.skipped, held.notified) == (False, [job_id])
+    assert (other.skipped, other.jobs, other.samples, other.notified) == (True, 0, 0, [])
+
+    (in_grace,) = passes(factory, settings, slurm, start, range(WINDOW_MIN + 1, WINDOW_MIN + 2))
+    assert (in_grace.skipped, in_grace.notified, in_grace.cancelled) == (False, [], [])  # the lock was let go
+    held, other = two_passes_at_once(factory, settings, slurm, start + dt.timedelta(minutes=WINDOW_MIN + GRACE_MIN))
+    assert held.cancelled + other.cancelled == [job_id]
+    assert (held.cancelled, other.skipped) == ([job_id], True)
+    ended = wait_for_state(client, job_id, auth, {"CANCELLED"}, timeout_s=60)
+    assert ended["end_reason"].startswith(f"idle: every GPU under {THRESHOLD_PCT}% for {WINDOW_MIN} min")
+    assert sacct_row(job["slurm_job_id"], "JobID,State")["State"].startswith("CANCELLED")
+    assert len(idle_events(factory, job_id)) == 1
+
+
+def forge_in_comment(victim: int, account: str, idle: list[int], forger: str) -> None:
+    """A held job whose comment holds, after a newline, a whole line for ``victim``: its account, its tenant user,
+    its 2 GPUs, but ``idle`` ones. Slurm writes the comment after the allocation, so the line is read as written."""
+    user = TENANT_PREFIX + account
+    uid = pwd.getpwnam(user).pw_uid
+    forged = (
+        f"JobId={victim} JobName=forged UserId={user}({uid}) GroupId={user}({uid}) Account={account} JobState=RUNNING "
+        f"Reason=None NodeList={NODE} NumNodes=1 Nodes={NODE} CPU_IDs=0 Mem=1 GRES=gpu:rtx4090:2(IDX:{idle[0]},{idle[1]}) "
+        "MinCPUsNode=1 WorkDir=/tmp"
+    )
+    sbatch_as_tenant(forger, "--gres=gpu:1", "--hold", f"--comment=x\n{forged}", wrap="true")
+
+
+def forge_in_name(victim: int, account: str, idle: list[int], forger: str) -> None:
+    """A running 1-GPU job whose name holds, after a newline, the start of a line for ``victim``. Slurm writes the
+    name before the allocation, so the rest of that line is the forger's own: its user, account, state and GPU,
+    which it leaves idle. (What comes before the newline makes the forger's own line whole, so the pass reads on.)"""
+    user = TENANT_PREFIX + forger
+    name = f"x UserId={user}(1) Account={forger} JobState=PENDING\nJobId={victim} JobName=forged"
+    job_id = sbatch_as_tenant(forger, "--gres=gpu:1", f"--job-name={name}", wrap="sleep 300")
+    wait_for(lambda: slurm_cmd("squeue", "-h", "-j", str(job_id), "-o", "%T").strip() == "RUNNING", timeout_s=120, what="the forger's job to run")
+
+
+@pytest.mark.parametrize("forge", [forge_in_comment, forge_in_name], ids=["comment", "name"])
+def test_a_forged_scontrol_line_for_another_tenants_job_neither_notifies_nor_cancels_it(
+    client: FlaskClient, auth: dict[str, str], watched: str, other_account: str, idle_settings: Settings, slurm: SlurmClient,
+    session_factory: sessionmaker, exporter: FakeNodeExporter, forge: Callable[[int, str, list[int], str], None],
+) -> None:
+    """Another tenant writes, after a newline in its own job's text, a line for the victim's running job on idle GPUs.
+
+    The victim's own GPUs are busy. In its comment the forged line is the victim's in every word (only scontrol
+    printing the job twice gives it away); in its name it is the forger's (its account, user and 1 GPU give it away).
+    """
+    job, (first, second) = running_two_gpu_job(client, auth)
+    victim = job["slurm_job_id"]
+    idle = sorted(set(range(4)) - {first, second})
+    exporter.utilization.update({first: 90.0, second: 90.0, **dict.fromkeys(idle, 0.0)})
+    forge(victim, watched, idle, other_account)
+    # scontrol prints the forged line as a line of its own, after the victim's real one (the forger's job id is
+    # the later): read in order, the forged line is the one that would count.
+    printed = slurm_cmd("scontrol", "show", "job", "--details", "--oneliner")
+    names = re.findall(rf"^JobId={victim} JobName=(\S*)", printed, re.MULTILINE)
+    assert len(names) == 2 and names[0] != "forged" and names[1] == "forged", printed
+
+    results = passes(session_factory, idle_settings, slurm, utcnow(), range(WINDOW_MIN + GRACE_MIN + 2))
+    assert all(result.notified == [] and result.cancelled == [] for result in results), results
+    assert idle_events(session_factory, job["job_id"]) == []
+    assert "JobState=RUNNING" in slurm_cmd("scontrol", "show", "job", str(victim))
+    with session_factory() as session:
+        row = session.get(Job, job["job_id"])
+        assert row is not None and (row.idle_notified_at, row.idle_cancelled_at, row.end_reason) == (None, None, None)
+        sampled = set(session.scalars(select(GpuSample.gpu_index).where(GpuSample.job_id == job["job_id"])))
+    assert sampled <= {first, second}  # never a sample of the victim's job on a GPU it does not hold

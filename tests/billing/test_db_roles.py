@@ -25,6 +25,7 @@ from billing import passes
 from billing.alerts import set_alert_settings
 from billing.report.idle import idle_rows
 from gpupool import db
+from gpupool.db.locks import IDLE_CHECK, alone
 from gpupool.db.roles import TABLE_ACCESS
 from gpupool.gpu_usage.idle_time import store_idle_hours
 from gpupool.models import (
@@ -261,6 +262,22 @@ def test_the_api_role_counts_idle_gpu_hours_for_the_report_and_billing_cannot_se
     finally:
         engine.dispose()
     assert_permission_denied(billed.billing_url, "SELECT * FROM idle_gpu_hours", "idle_gpu_hours")
+
+
+def test_the_api_role_takes_the_idle_checks_lock_and_a_second_holder_finds_it_held(billed: RolesDb) -> None:
+    """`gpupool idle check` runs as the API's role: its advisory lock needs no grant, and it is one holder's at a time."""
+    first, second = db.make_engine(billed.api_url), db.make_engine(billed.api_url)
+    try:
+        with db.make_session_factory(first)() as one, db.make_session_factory(second)() as other:
+            with alone(one, IDLE_CHECK) as held:
+                assert held
+                with alone(other, IDLE_CHECK) as also:
+                    assert not also
+            with alone(other, IDLE_CHECK) as after:
+                assert after  # let go at the end of the block, though its connection stays in the pool
+    finally:
+        first.dispose()
+        second.dispose()
 
 
 def test_the_billing_role_adds_ledger_rows_but_changes_none(billed: RolesDb) -> None:

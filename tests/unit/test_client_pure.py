@@ -94,10 +94,12 @@ def test_a_session_opens_once_ready_or_idle(state: str, opened: bool) -> None:
 
 
 def test_a_session_that_ended_first_says_why() -> None:
+    # The session sweep's words (gpupool.sessions.idle_reason), as the API hands them on.
+    reason = "idle: no request, no open WebSocket and no GPU at 5% or more for 1 min; gpupool cancelled it"
     with pytest.raises(GpupoolError) as info:
-        session_is_open({"job_id": "j1", "state": "ended", "end_reason": "idle: no request and no open WebSocket for 1 min"})
+        session_is_open({"job_id": "j1", "state": "ended", "end_reason": reason})
     assert info.value.code == "session_ended"
-    assert info.value.message == "session j1 ended before it was ready: idle: no request and no open WebSocket for 1 min"
+    assert info.value.message == f"session j1 ended before it was ready: {reason}"
 
 
 def test_submit_body_carries_array_and_sweep() -> None:

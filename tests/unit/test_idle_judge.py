@@ -1,4 +1,4 @@
-"""The idle judgement (gpupool.gpu_usage.idle.judge / next_step): pure, on hand-made samples."""
+"""The idle judgement (gpupool.gpu_usage.idle.judge / next_step / record_doubt): pure, on hand-made samples and records."""
 
 from __future__ import annotations
 
@@ -6,7 +6,20 @@ import datetime as dt
 
 import pytest
 
-from gpupool.gpu_usage.idle import CANCEL, NOTIFY, REARM, Policy, Reading, Verdict, judge, next_step, under_since
+from gpupool.gpu_usage.idle import (
+    CANCEL,
+    NOTIFY,
+    REARM,
+    Policy,
+    Reading,
+    Verdict,
+    judge,
+    next_step,
+    record_doubt,
+    under_since,
+)
+from gpupool.models import Job
+from gpupool.slurm.detail import GpusHeldOnNode, RunningJob
 
 T0 = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
 POLICY = Policy(window_min=10, threshold_pct=5, grace_min=15, cancel=True, source="default")
@@ -97,3 +110,26 @@ def test_a_job_busy_again_after_its_notice_is_rearmed() -> None:
     busy = Verdict(False, None)
     assert next_step(busy, POLICY, minutes(10), None, minutes(12)) == REARM
     assert next_step(busy, POLICY, None, None, minutes(12)) is None
+
+
+def record(account: str = "acme", user: str = "gp-acme", *held: GpusHeldOnNode) -> RunningJob:
+    return RunningJob(41, "41", account, user, held or (GpusHeldOnNode("vm", (0, 1)),))
+
+
+@pytest.mark.parametrize(
+    ("running", "doubt"),
+    [
+        (record(), None),
+        (record("rival", "gp-rival"), "it is gp-rival's under account rival, not gp-acme's under acme"),
+        (record("acme", "gp-rival"), "it is gp-rival's under account acme, not gp-acme's under acme"),
+        (record("rival", "gp-acme"), "it is gp-acme's under account rival, not gp-acme's under acme"),
+        (record("acme", "gp-acme", GpusHeldOnNode("vm", (2,))), "it names 1 GPU(s), the job holds 2"),
+        (record("acme", "gp-acme", GpusHeldOnNode("vm", (0, 1, 2))), "it names 3 GPU(s), the job holds 2"),
+        # The same GPU named twice is one GPU.
+        (record("acme", "gp-acme", GpusHeldOnNode("vm", (3,)), GpusHeldOnNode("vm", (3,))), "it names 1 GPU(s), the job holds 2"),
+        (record("acme", "gp-acme", GpusHeldOnNode("vm", (3,)), GpusHeldOnNode("vm2", (3,))), None),
+    ],
+)
+def test_a_record_is_believed_only_from_the_jobs_account_and_tenant_with_its_gpus(running: RunningJob, doubt: str | None) -> None:
+    job = Job(id="j1", account="acme", gpus=2, slurm_job_id=41)
+    assert record_doubt(running, job, "gp-acme") == doubt
