@@ -571,6 +571,8 @@ class SlurmClient:
             records = parse_job_records(result.stdout)
         except (ParseError, KeyError, ValueError) as exc:
             raise SlurmUnavailable(f"unexpected scontrol output: {exc}") from exc
+        if records.unreadable:
+            log.warning("scontrol printed %d job record(s) that could not be read, skipped: %s", len(records.unreadable), "; ".join(records.unreadable))
         if records.doubted:
             log.warning("scontrol printed jobs %s more than once (a forged line in a job's text?): not believed", sorted(records.doubted))
         return [job for job in records.jobs if job.gpus]

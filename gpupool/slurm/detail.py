@@ -23,7 +23,11 @@ printed twice is therefore believed from neither record (``JobRecords.doubted``)
 the real record is always there for a job Slurm knows, so a forged one always
 makes a second. (The idle check also believes a record only for its own job's
 account and tenant user, naming as many GPUs as the job holds:
-``gpupool.gpu_usage.idle.record_doubt``.)
+``gpupool.gpu_usage.idle.record_doubt``.) A record that cannot be read (a
+forged line cut short, or the rest of a line a forged one cut off) is skipped
+alone, its id still counted for that rule, so no tenant's text stops the
+reading of the others'; only when no record at all can be read is the output
+taken for a format this parser does not know (ParseError).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import hostlist
 from gpupool.slurm.parse import ParseError
 
 _JOB_LINE = re.compile(r"^JobId=\d+ ")
+_JOB_ID = re.compile(r"^JobId=(\d+) ")
 # The name runs to the last " UserId=": greedy on purpose, see the module docstring.
 _NAME_THEN_FIELDS = re.compile(r" JobName=.* (?=UserId=)", re.DOTALL)
 _GRES_ITEM = re.compile(
@@ -162,10 +167,11 @@ def parse_job_line(line: str) -> tuple[str, RunningJob]:
 
 @dataclass(frozen=True)
 class JobRecords:
-    """The RUNNING jobs of one ``scontrol show job`` answer, and the job ids it printed more than once."""
+    """The RUNNING jobs of one ``scontrol show job`` answer, the job ids it printed more than once, its unreadable records."""
 
     jobs: list[RunningJob]
     doubted: frozenset[int]
+    unreadable: tuple[str, ...] = ()
 
 
 def parse_running_jobs(text: str) -> list[RunningJob]:
@@ -186,7 +192,19 @@ def parse_job_records(text: str) -> JobRecords:
             records[-1] += "\n" + line
         elif line.strip():
             raise ParseError(f"not a --oneliner job line: {line[:120]!r}")
-    parsed = [parse_job_line(record) for record in records]
-    seen = Counter(job.slurm_job_id for _, job in parsed)
+    parsed: list[tuple[str, RunningJob]] = []
+    unreadable: list[str] = []
+    seen: Counter[int] = Counter()
+    for record in records:
+        match = _JOB_ID.match(record)
+        assert match is not None  # every record starts with _JOB_LINE
+        seen[int(match[1])] += 1
+        try:
+            parsed.append(parse_job_line(record))
+        except (ParseError, KeyError, ValueError) as exc:
+            unreadable.append(f"{record[:80]!r}: {exc}")
+    if records and not parsed:
+        raise ParseError(f"no scontrol job line could be read; the first: {unreadable[0]}")
     doubted = frozenset(job_id for job_id, count in seen.items() if count > 1)
-    return JobRecords([job for state, job in parsed if state == "RUNNING" and job.slurm_job_id not in doubted], doubted)
+    running = [job for state, job in parsed if state == "RUNNING" and job.slurm_job_id not in doubted]
+    return JobRecords(running, doubted, tuple(unreadable))

@@ -268,3 +268,15 @@ def test_bad_top_options_exit_2_with_a_message(argv: list[str], message: str, ca
         build_parser().parse_args(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_record_cut_short_by_a_forged_line_is_skipped_alone() -> None:
+    """A name with a newline and a line that is no whole record: that record is skipped, and no other."""
+    lines = RECORDED.splitlines()
+    seventh = next(index for index, line in enumerate(lines) if line.startswith("JobId=7 "))
+    lines[seventh] = lines[seventh].replace("JobName=x ", "JobName=x\nJobId=5 JobName=cut short\n", 1)
+    records = parse_job_records("\n".join(lines))
+    assert [job.slurm_job_id for job in records.jobs] == [6, 9]  # 7 cut short, 5 printed twice (the forged one takes the rest of 7)
+    assert records.doubted == {5} and [text.split(":")[0] for text in records.unreadable] == ["'JobId=7 JobName=x'"]
+    with pytest.raises(ParseError, match="no scontrol job line could be read"):
+        parse_job_records("JobId=3 JobName=x\nJobId=4 JobName=y\n")
