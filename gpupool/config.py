@@ -61,6 +61,10 @@ class Settings:
     # exactly gpupool.db.roles.TABLE_ACCESS. Empty: no separate roles, nothing granted.
     database_api_role: str = ""
     database_billing_role: str = ""
+    # The webhook sender's and the email sender's own roles (each given its database_url): only
+    # their queue. Optional; they need the two above.
+    database_webhooks_role: str = ""
+    database_email_role: str = ""
 
     jwt_secret: str = ""
     jwt_algorithm: str = "HS256"
@@ -270,6 +274,8 @@ class Settings:
             raise ConfigError("electricity_price_per_kwh must be a decimal such as 0.15 (at most 9 decimals)")
         if bool(self.database_api_role) != bool(self.database_billing_role):
             raise ConfigError("set both database_api_role and database_billing_role, or neither")
+        if (self.database_webhooks_role or self.database_email_role) and not self.database_api_role:
+            raise ConfigError("database_webhooks_role and database_email_role need database_api_role and database_billing_role")
         if self.gpu_exporter_url and "{node}" not in self.gpu_exporter_url and "{port}" not in self.gpu_exporter_url:
             # One fixed address for every node would judge every node by one node's GPUs.
             raise ConfigError("gpu_exporter_url must contain {node} or {port}, e.g. http://{node}:9400/metrics")

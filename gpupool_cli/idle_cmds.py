@@ -17,6 +17,12 @@ from gpupool.models import IdlePolicy
 from gpupool.models.gpu_usage import ACCOUNT, TEMPLATE
 from gpupool.slurm.client import SlurmClient
 
+# The pass ran, but some nodes' GPU exporters did not answer: their jobs were neither sampled nor
+# judged. Not 1 (the pass itself failed: database, Slurm), which a timer should report as a failure;
+# a site whose nodes run no exporter sees this every minute while jobs run (the playbook's unit
+# accepts it, SuccessExitStatus=3, and the journal names the nodes).
+EXIT_NODES_UNREAD = 3
+
 
 def cmd_idle_check(settings: Settings, args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -39,7 +45,7 @@ def cmd_idle_check(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  cancelled: {job_id}")
     for node, error in sorted(result.node_errors.items()):
         print(f"  {node}: GPU metrics not read: {error}")
-    return 0
+    return EXIT_NODES_UNREAD if result.node_errors else 0
 
 
 def _scope(args: argparse.Namespace) -> tuple[str, str]:
@@ -125,7 +131,11 @@ def _target(parser: argparse.ArgumentParser) -> None:
 
 def add_idle_parsers(sub: Any) -> None:
     idle = sub.add_parser("idle", help="idle-GPU detection").add_subparsers(dest="idle_command", required=True)
-    check = idle.add_parser("check", help="sample running jobs' GPUs, send job.idle, cancel past the grace (timer: every minute)")
+    check = idle.add_parser(
+        "check",
+        help="sample running jobs' GPUs, send job.idle, cancel past the grace (timer: every minute); "
+        f"exit status {EXIT_NODES_UNREAD} when some node's GPU exporter did not answer",
+    )
     check.set_defaults(handler=cmd_idle_check)
     policy = idle.add_parser("policy", help="idle policies per account or template").add_subparsers(
         dest="idle_policy_command", required=True

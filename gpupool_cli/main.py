@@ -1,7 +1,8 @@
 """``gpupool`` subcommands for operators.
 
 Exit status: 0 on success, 1 when gpupool refuses or a dependency fails
-(the message says which), 2 for a malformed command line.
+(the message says which), 2 for a malformed command line; ``idle check``: 3
+when the pass ran but some node's GPU exporter did not answer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from billing.money import format_nanos
 from gpupool import audit, db
 from gpupool.config import Settings, load_settings
 from gpupool.containers import docker_runtime_refusal
-from gpupool.db.roles import ServiceRoles, apply_grants
+from gpupool.db.roles import API, BILLING, EMAIL, WEBHOOKS, ServiceRoles, apply_grants
 from gpupool.errors import ConfigError, GpupoolError
 from gpupool.models import ACCOUNT_NAME, Account
 from gpupool.slurm.client import SlurmClient
@@ -50,11 +51,17 @@ def _non_negative(value: str) -> int:
     return number
 
 
+ROLE_LABELS = {API: "API", BILLING: "billing", WEBHOOKS: "webhook sender", EMAIL: "email sender"}
+
+
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
     engine = db.make_engine(settings.database_url)
     roles = None
     if settings.database_api_role:
-        roles = ServiceRoles(api=settings.database_api_role, billing=settings.database_billing_role)
+        roles = ServiceRoles(
+            api=settings.database_api_role, billing=settings.database_billing_role,
+            webhooks=settings.database_webhooks_role, email=settings.database_email_role,
+        )
     # One transaction: no service role ever sees a new table before its grants.
     with engine.begin() as connection:
         db.upgrade(connection, args.revision)
@@ -62,7 +69,8 @@ def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
             apply_grants(connection, roles)
     print(f"database at revision {db.current_revision(engine)}")
     if roles is not None:
-        print(f"granted roles {roles.api} (API) and {roles.billing} (billing) their privileges")
+        named = [f"{name} ({ROLE_LABELS[service]})" for service, name in roles.by_service().items()]
+        print(f"granted roles {', '.join(named[:-1])} and {named[-1]} their privileges")
     return 0
 
 

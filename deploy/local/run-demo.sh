@@ -45,6 +45,9 @@ export GPUPOOL_SERVICE_USER=$service_user GPUPOOL_SERVICE_GROUP=$service_group
 export GPUPOOL_RUNAS_SOCKET=$socket_dir/runas.sock
 # Sessions get their own origins, <label>.sessions.localhost: browsers resolve *.localhost to 127.0.0.1.
 export GPUPOOL_SESSIONS_URL=${GPUPOOL_SESSIONS_URL:-http://sessions.localhost:$sessions_port}
+# Webhook receivers on this machine's loopback too (production refuses loopback and private
+# addresses unless the operator lists them): the demo's customer is whoever runs it.
+export GPUPOOL_WEBHOOK_ALLOW_CIDRS=${GPUPOOL_WEBHOOK_ALLOW_CIDRS:-127.0.0.0/8,::1/128}
 gpupool_env=(GPUPOOL_DATABASE_URL GPUPOOL_RATELIMIT_STORAGE_URI GPUPOOL_JOB_ROOT GPUPOOL_SERVICE_USER
              GPUPOOL_SERVICE_GROUP GPUPOOL_RUNAS_SOCKET)
 root_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
@@ -113,11 +116,16 @@ children+=($!)
 # What cron or the systemd timer does in production, every minute here.
 "${as_service[@]}" sh -c 'while sleep 60; do "$0" billing run || true; done' "$venv/bin/gpupool" >> var/billing.log 2>&1 &
 children+=($!)
+# The one webhook sender (gpupool-webhooks.service in production); SIGTERM at the end lets it
+# finish the deliveries in hand. No idle check: this cluster's GPUs are emulated and no node runs
+# a GPU exporter, so a pass would read nothing. No email sender: no SMTP server here.
+"${as_service[@]}" "$venv/bin/gpupool" webhooks run >> var/webhooks.log 2>&1 &
+children+=($!)
 
 cat <<MSG
 
-gpupool is starting on http://127.0.0.1:$port (Ctrl-C stops it). gunicorn and
-billing run as $service_user; the demo account's jobs run as gp-demo.
+gpupool is starting on http://127.0.0.1:$port (Ctrl-C stops it). gunicorn,
+billing and the webhook sender run as $service_user; the demo account's jobs run as gp-demo.
 
 Demo token (account "demo", valid 24 h):
   export TOKEN=$token
@@ -132,6 +140,11 @@ Submit a job:
 Then follow it (use the job_id from the answer):
   curl -s http://127.0.0.1:$port/jobs/JOB_ID -H "Authorization: Bearer \$TOKEN"
   curl -s http://127.0.0.1:$port/jobs/JOB_ID/logs -H "Authorization: Bearer \$TOKEN"
+
+Or be told: a webhook to a receiver of yours (this demo lets loopback in), signed with the
+"secret" the answer shows (var/webhooks.log is the sender's log):
+  curl -s -X POST http://127.0.0.1:$port/webhooks -H "Authorization: Bearer \$TOKEN" \\
+       -H 'Content-Type: application/json' -d '{"url": "http://127.0.0.1:9000/hook", "events": ["job.ended"]}'
 
 Start a web app as a session (jupyter: the same with "template": "jupyter", once
 \`jupyter lab\` is on the node's PATH or in an image), then open its "link" once ready:

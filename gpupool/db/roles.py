@@ -1,14 +1,18 @@
-"""What the API's and billing's PostgreSQL roles may do with each table.
+"""What each service's PostgreSQL role may do with each table.
 
-Three roles share one database. The migrating role owns every table and runs
-``gpupool db upgrade`` and the operator's commands; the API and the billing
-worker log in as roles of their own that get exactly the privileges below.
-The API can therefore never write the ledger, prices or adjustments, and
-billing can only add ledger rows; the trigger of migration 0005 refuses
-UPDATE, DELETE and TRUNCATE of ledger rows even to the owner.
+One database, one owner. The migrating role owns every table and runs
+``gpupool db upgrade`` and the operator's commands; the API, the billing
+worker, the webhook sender and the email sender log in as roles of their own
+that get exactly the privileges below (the last two are optional: a site
+without them runs the webhook sender with the API's role and the email sender
+with the owner's). The API can therefore
+never write the ledger, prices or adjustments, billing can only add ledger
+rows, and the two senders touch nothing but their own queue; the trigger of
+migration 0005 refuses UPDATE, DELETE and TRUNCATE of ledger rows even to the
+owner.
 
-``TABLE_ACCESS`` is the one list. ``gpupool db upgrade`` revokes what the two
-roles hold on the schema's tables and sequences and grants this list again,
+``TABLE_ACCESS`` is the one list. ``gpupool db upgrade`` revokes what the
+service roles hold on the schema's tables and sequences and grants this list again,
 in the migration's transaction, each time it runs: a migration that adds a
 table adds its line here, and a table in the database without a line fails
 the upgrade rather than being served with privileges nobody chose.
@@ -19,14 +23,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import inspect, text
+from sqlalchemy import bindparam, inspect, text
 from sqlalchemy.engine import Connection
 
 from gpupool.errors import ConfigError
 
 API = "api"
 BILLING = "billing"
-SERVICES = (API, BILLING)
+# `gpupool webhooks run` and `gpupool email send-due`, each with a role of its own.
+WEBHOOKS = "webhooks"
+EMAIL = "email"
+SERVICES = (API, BILLING, WEBHOOKS, EMAIL)
 
 READ = ("SELECT",)
 APPEND = ("SELECT", "INSERT")
@@ -36,8 +43,8 @@ NONE: tuple[str, ...] = ()
 # table -> service -> privileges. SELECT comes with every write: UPDATE ... WHERE
 # and INSERT ... RETURNING read the rows they touch.
 TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
-    # Both check the schema revision before they start.
-    "alembic_version": {API: READ, BILLING: READ},
+    # Each checks the schema revision before it starts.
+    "alembic_version": {API: READ, BILLING: READ, WEBHOOKS: READ, EMAIL: READ},
     # Accounts, prices and manual adjustments are the operator's, through the CLI.
     "accounts": {API: READ, BILLING: READ},
     "prices": {API: READ, BILLING: READ},
@@ -60,22 +67,25 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # The web pages' sign-ins: made at sign-in, deleted at sign-out (and once expired).
     "web_sessions": {API: ("SELECT", "INSERT", "DELETE"), BILLING: NONE},
     # Customers register endpoints through the API (a forgotten job's callback goes
-    # with it); the API's refresher records events, and `gpupool webhooks run`, with
-    # the API's environment, marks deliveries and records attempts.
-    # Billing enqueues budget.threshold events and their deliveries in its pass.
-    "webhook_endpoints": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: READ},
-    "webhook_events": {API: APPEND, BILLING: APPEND},
-    "webhook_deliveries": {API: READ_WRITE, BILLING: APPEND},
-    "webhook_attempts": {API: APPEND, BILLING: NONE},
+    # with it); the API's refresher records events, and billing enqueues budget.threshold
+    # events and their deliveries in its pass. `gpupool webhooks run` reads each due
+    # delivery's event and endpoint (its URL and signing secret), claims and marks the
+    # delivery (FOR UPDATE needs UPDATE) and records its attempts. A sender run with the
+    # API's role instead (no webhooks role) may do the same.
+    "webhook_endpoints": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: READ, WEBHOOKS: READ},
+    "webhook_events": {API: APPEND, BILLING: APPEND, WEBHOOKS: READ},
+    "webhook_deliveries": {API: READ_WRITE, BILLING: APPEND, WEBHOOKS: ("SELECT", "UPDATE")},
+    "webhook_attempts": {API: APPEND, BILLING: NONE, WEBHOOKS: APPEND},
     # Spend alerts: billing records each crossed threshold and enqueues its email;
-    # the API shows which fired and `gpupool email send-due` (operator) sends the outbox.
+    # the API shows which fired and `gpupool email send-due` sends the outbox.
     # Thresholds are the account's own (PUT /account/alerts), in a table of their own
     # so the API never needs to write `accounts` (budgets are the operator's).
     "alert_settings": {API: READ_WRITE, BILLING: READ},
     "alerts_sent": {API: READ, BILLING: APPEND},
     # `gpupool idle check` (with the API's environment) queues job.idle emails too, without
     # reading the outbox back (an INSERT with no RETURNING): the API never reads anyone's mail.
-    "email_outbox": {API: ("INSERT",), BILLING: APPEND},
+    # Only the email sender reads the outbox and marks what it sent; it adds nothing.
+    "email_outbox": {API: ("INSERT",), BILLING: APPEND, EMAIL: ("SELECT", "UPDATE")},
     # Idle GPUs: `gpupool idle check`, with the API's environment, records and prunes each job's
     # GPU samples (GET /jobs/<id> shows them); the policies are the operator's (`gpupool idle policy set`).
     "gpu_samples": {API: ("SELECT", "INSERT", "DELETE"), BILLING: NONE},
@@ -99,27 +109,34 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
 
 @dataclass(frozen=True)
 class ServiceRoles:
-    """PostgreSQL role names of the API and of the billing worker."""
+    """PostgreSQL role names of the API, the billing worker and, where they have their own, the two senders."""
 
     api: str
     billing: str
+    webhooks: str = ""
+    email: str = ""
 
     def by_service(self) -> dict[str, str]:
-        return {API: self.api, BILLING: self.billing}
+        named = {API: self.api, BILLING: self.billing, WEBHOOKS: self.webhooks, EMAIL: self.email}
+        return {service: name for service, name in named.items() if name}
 
 
 def _check_roles(connection: Connection, roles: ServiceRoles) -> None:
-    if roles.api == roles.billing:
-        raise ConfigError(f"the API and billing need roles of their own; both are {roles.api!r}")
+    services_of: dict[str, list[str]] = {}
+    for service, name in roles.by_service().items():
+        services_of.setdefault(name, []).append(service)
+    for name, services in services_of.items():
+        if len(services) > 1:
+            raise ConfigError(f"the {' and '.join(services)} roles are both {name!r}: each service needs a role of its own")
     migrating_role = connection.execute(text("SELECT current_user")).scalar_one()
     # rolname -> whether no grant can limit it: superuser, above row security, or the owner by membership.
     unlimited: dict[str, bool] = dict(
         connection.execute(
             text(
                 "SELECT rolname, rolsuper OR rolbypassrls OR pg_has_role(rolname, current_user, 'MEMBER')"
-                " FROM pg_roles WHERE rolname IN (:api, :billing)"
-            ),
-            {"api": roles.api, "billing": roles.billing},
+                " FROM pg_roles WHERE rolname IN :names"
+            ).bindparams(bindparam("names", expanding=True)),
+            {"names": sorted(services_of)},
         ).all()
     )
     for service, name in roles.by_service().items():
@@ -154,13 +171,13 @@ def _sequences_of(connection: Connection, table: str) -> list[str]:
 
 
 def grant_statements(connection: Connection, roles: ServiceRoles) -> list[str]:
-    """REVOKE and GRANT statements that give both roles exactly ``TABLE_ACCESS``."""
+    """REVOKE and GRANT statements that give every service role exactly ``TABLE_ACCESS``."""
     tables = set(inspect(connection).get_table_names())
     unlisted = sorted(tables - set(TABLE_ACCESS))
     if unlisted:
         raise ConfigError(
             f"table(s) {', '.join(unlisted)} have no line in gpupool.db.roles.TABLE_ACCESS: "
-            "say what the API and billing may do with them before granting anything"
+            "say what each service may do with them before granting anything"
         )
     quote = connection.dialect.identifier_preparer.quote
     grantees = ", ".join(quote(name) for name in roles.by_service().values())
@@ -185,7 +202,7 @@ def grant_statements(connection: Connection, roles: ServiceRoles) -> list[str]:
 
 
 def apply_grants(connection: Connection, roles: ServiceRoles) -> list[str]:
-    """Give the API's and billing's roles exactly ``TABLE_ACCESS``, inside the caller's transaction."""
+    """Give the service roles exactly ``TABLE_ACCESS``, inside the caller's transaction."""
     if connection.dialect.name != "postgresql":
         raise ConfigError("database roles are PostgreSQL's; on SQLite every process shares one file")
     _check_roles(connection, roles)

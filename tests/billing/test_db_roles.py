@@ -1,14 +1,16 @@
 """The ledger is append-only by the database: roles and grants on PostgreSQL, triggers on both backends.
 
-Each PostgreSQL test module gets three throwaway login roles (owner, API,
-billing) and a database owned by the first, migrated and granted by the
-operator's own ``gpupool db upgrade``; all are dropped afterwards. The new
-roles log in without a password, as the test PostgreSQL trusts 127.0.0.1.
+Each PostgreSQL test module gets five throwaway login roles (owner, API,
+billing, webhook sender, email sender) and a database owned by the first,
+migrated and granted by the operator's own ``gpupool db upgrade``; all are
+dropped afterwards. The new roles log in without a password, as the test
+PostgreSQL trusts 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from gpupool_client import verify_signature
 from sqlalchemy import create_engine, delete, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -38,13 +41,18 @@ from gpupool.models import (
     IdleGpuHour,
     Job,
     LedgerEntry,
+    WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
 )
+from gpupool.models.alerts import EMAIL_SENT
 from gpupool.slurm.client import SlurmClient
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.billing.test_ledger import dump, replay_ok, row
-from tests.conftest import base_settings, bearer
+from tests.conftest import base_settings, bearer, wait_for_state
+from tests.support.gpu_exporter import serve_exporter
+from tests.support.http import free_port
+from tests.support.receiver import serve_smtp, serve_webhooks
 from tests.support.services import PG_ADMIN_URL, add_account_row, drop_database, throwaway_slurm_account
 
 APPEND_ONLY = "ledger_entries is append-only"
@@ -59,6 +67,8 @@ class RolesDb:
     owner: LedgerDb
     api_url: str
     billing_url: str
+    webhooks_url: str
+    email_url: str
     roles: dict[str, str]
 
     def as_billing(self) -> LedgerDb:
@@ -83,7 +93,7 @@ def _url_as(role: str, database: str) -> str:
 @pytest.fixture(scope="module")
 def roles_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolesDb]:
     suffix = secrets.token_hex(4)
-    roles = {kind: f"gpupool_{kind}_{suffix}" for kind in ("migrate", "api", "billing")}
+    roles = {kind: f"gpupool_{kind}_{suffix}" for kind in ("migrate", "api", "billing", "webhooks", "email")}
     name = f"gpupool_roles_{suffix}"
     _admin_execute(
         *(f'CREATE ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE' for role in roles.values()),
@@ -100,10 +110,14 @@ def roles_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolesDb]:
             settings=base_settings(database_url=owner_url, billing_archive_dir=str(archive)),
         )
         upgraded = owner.cli(
-            "db", "upgrade", GPUPOOL_DATABASE_API_ROLE=roles["api"], GPUPOOL_DATABASE_BILLING_ROLE=roles["billing"]
+            "db", "upgrade", GPUPOOL_DATABASE_API_ROLE=roles["api"], GPUPOOL_DATABASE_BILLING_ROLE=roles["billing"],
+            GPUPOOL_DATABASE_WEBHOOKS_ROLE=roles["webhooks"], GPUPOOL_DATABASE_EMAIL_ROLE=roles["email"],
         )
         assert upgraded.returncode == 0, upgraded.stderr
-        assert f"granted roles {roles['api']} (API) and {roles['billing']} (billing)" in upgraded.stdout
+        assert (
+            f"granted roles {roles['api']} (API), {roles['billing']} (billing), {roles['webhooks']} (webhook sender)"
+            f" and {roles['email']} (email sender) their privileges"
+        ) in upgraded.stdout
         # Prices are the operator's: set through the CLI, as the owner.
         for gpu_type in ("rtx4090", "*"):
             priced = owner.cli("price", "set", gpu_type, "0.00012", "--from", "2020-01-01")
@@ -113,6 +127,8 @@ def roles_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolesDb]:
             owner=owner,
             api_url=_url_as(roles["api"], name),
             billing_url=_url_as(roles["billing"], name),
+            webhooks_url=_url_as(roles["webhooks"], name),
+            email_url=_url_as(roles["email"], name),
             roles=roles,
         )
         engine.dispose()
@@ -303,25 +319,134 @@ def test_the_billing_role_adds_ledger_rows_but_changes_none(billed: RolesDb) -> 
     assert_permission_denied(url, "UPDATE jobs SET state = 'COMPLETED'", "jobs")
 
 
-def test_a_pass_as_the_billing_role_records_and_enqueues_a_spend_alert(billed: RolesDb, tmp_path: Path) -> None:
-    """The pass's own transaction writes alerts_sent, the webhook event and delivery, and the email."""
+def spend_alert(billed: RolesDb, tmp_path: Path, account: str, job_id_raw: int, hook_url: str) -> None:
+    """A pass, as the billing role, that takes a new ``account`` past 100 % of its credit.
+
+    Its transaction enqueues a budget.threshold delivery to ``hook_url`` (signed with
+    ``whsec_<account>``) and an email to ``ops@<account>.example``.
+    """
     now = dt.datetime.now(dt.UTC)
-    billed.owner.add_account("zulu", prepaid_credit_nanos=10_000_000)  # 0.01: any run passes 100 %
+    billed.owner.add_account(account, prepaid_credit_nanos=10_000_000)  # 0.01: any run passes 100 %
     with billed.owner.sessions() as session, session.begin():
-        set_alert_settings(session, "zulu", (100,), "ops@zulu.example", now)
-        session.add(WebhookEndpoint(id="ep-zulu", account="zulu", url="https://hooks.example.com/z", events="budget.threshold", secret="s", created_at=now))
-    path = dump(tmp_path, "z.psv", row(31, "zulu", "COMPLETED", "2026-11-05T00:00:00", "2026-11-05T00:10:00", 600, TRES))
+        set_alert_settings(session, account, (100,), f"ops@{account}.example", now)
+        session.add(
+            WebhookEndpoint(
+                id=f"ep-{account}", account=account, url=hook_url, events="budget.threshold", secret=f"whsec_{account}", created_at=now,
+            )
+        )
+    path = dump(tmp_path, f"{account}.psv", row(job_id_raw, account, "COMPLETED", "2026-11-05T00:00:00", "2026-11-05T00:10:00", 600, TRES))
     as_billing = billed.as_billing()
     try:
         passes.replay(as_billing.sessions, as_billing.settings.replace(smtp_host="127.0.0.1"), path)
     finally:
         as_billing.engine.dispose()
+
+
+def test_a_pass_as_the_billing_role_records_and_enqueues_a_spend_alert(billed: RolesDb, tmp_path: Path) -> None:
+    """The pass's own transaction writes alerts_sent, the webhook event and delivery, and the email."""
+    spend_alert(billed, tmp_path, "zulu", 31, "https://hooks.example.com/z")
     with billed.owner.sessions() as session:
         assert session.scalars(select(AlertSent.threshold).where(AlertSent.account == "zulu")).all() == [100]
         assert session.scalars(select(EmailOutbox.recipient).where(EmailOutbox.account == "zulu")).all() == ["ops@zulu.example"]
         assert len(session.scalars(select(WebhookDelivery.id).where(WebhookDelivery.endpoint_id == "ep-zulu")).all()) == 1
     assert_permission_denied(billed.billing_url, "UPDATE alerts_sent SET threshold = 1", "alerts_sent")
     assert_permission_denied(billed.api_url, "SELECT * FROM email_outbox", "email_outbox")
+
+
+# What each sender's role holds, read back from PostgreSQL's catalog: its own queue, nothing else.
+SENDER_GRANTS = {
+    "webhooks": {
+        ("alembic_version", "SELECT"), ("webhook_endpoints", "SELECT"), ("webhook_events", "SELECT"),
+        ("webhook_deliveries", "SELECT"), ("webhook_deliveries", "UPDATE"), ("webhook_attempts", "SELECT"),
+        ("webhook_attempts", "INSERT"),
+    },
+    "email": {("alembic_version", "SELECT"), ("email_outbox", "SELECT"), ("email_outbox", "UPDATE")},
+}
+
+
+def table_grants(roles_db: RolesDb) -> dict[str, set[tuple[str, str]]]:
+    """Kind of role -> (table, privilege) it was granted, as the owner (the grantor) sees them."""
+    with roles_db.owner.engine.connect() as connection:
+        found = connection.execute(
+            text("SELECT grantee, table_name, privilege_type FROM information_schema.role_table_grants WHERE grantee = ANY(:roles)"),
+            {"roles": list(roles_db.roles.values())},
+        ).all()
+    kind_of = {role: kind for kind, role in roles_db.roles.items()}
+    grants: dict[str, set[tuple[str, str]]] = {kind: set() for kind in roles_db.roles}
+    for grantee, table, privilege in found:
+        grants[kind_of[grantee]].add((table, privilege))
+    return grants
+
+
+def test_each_sender_role_holds_its_own_queue_and_no_other_role_gained_anything(roles_db: RolesDb) -> None:
+    grants = table_grants(roles_db)
+    assert {kind: grants[kind] for kind in SENDER_GRANTS} == SENDER_GRANTS
+    # Nothing more for the API and billing on the outbox: they add mail, neither marks it sent.
+    assert {privilege for table, privilege in grants["api"] if table == "email_outbox"} == {"INSERT"}
+    assert {privilege for table, privilege in grants["billing"] if table == "email_outbox"} == {"SELECT", "INSERT"}
+    # PostgreSQL's own answers to what a compromised sender would try.
+    for statement, table in (
+        ("SELECT id FROM jobs", "jobs"),
+        ("SELECT id FROM api_keys", "api_keys"),
+        ("SELECT recipient FROM email_outbox", "email_outbox"),
+        ("UPDATE webhook_endpoints SET url = 'https://elsewhere.example'", "webhook_endpoints"),
+        ("DELETE FROM webhook_deliveries", "webhook_deliveries"),
+        ("INSERT INTO webhook_events (id, account, type, payload, created_at) VALUES ('evt_x', 'acme', 'job.ended', '{}', now())",
+         "webhook_events"),
+    ):
+        assert_permission_denied(roles_db.webhooks_url, statement, table)
+    for statement, table in (
+        ("SELECT name FROM accounts", "accounts"),
+        ("SELECT secret FROM webhook_endpoints", "webhook_endpoints"),
+        ("DELETE FROM email_outbox", "email_outbox"),
+        ("INSERT INTO email_outbox (account, recipient, subject, body, state, attempts, next_attempt_at, created_at)"
+         " VALUES ('acme', 'x@example.com', 's', 'b', 'pending', 0, now(), now())", "email_outbox"),
+    ):
+        assert_permission_denied(roles_db.email_url, statement, table)
+
+
+def test_the_email_sender_sends_the_outbox_as_the_email_role(billed: RolesDb, tmp_path: Path) -> None:
+    """`gpupool email send-due` as the playbook's gpupool-email.service runs it: the email role, the password from a file."""
+    spend_alert(billed, tmp_path, "yankee", 32, "https://hooks.example.com/y")
+    password = tmp_path / "smtp_password"
+    password.write_text("smtp-secret\n")
+    port = free_port()
+    smtp = {
+        "GPUPOOL_SMTP_HOST": "127.0.0.1", "GPUPOOL_SMTP_PORT": str(port), "GPUPOOL_SMTP_STARTTLS": "false",
+        "GPUPOOL_SMTP_USERNAME": "gpupool", "GPUPOOL_SMTP_PASSWORD_FILE": str(password), "GPUPOOL_SMTP_FROM": "billing@gpupool.test",
+    }
+    # Billing's role queued it and the API's may queue more; neither may mark mail sent.
+    for url in (billed.billing_url, billed.api_url):
+        refused = billed.owner.cli("email", "send-due", GPUPOOL_DATABASE_URL=url, **smtp)
+        assert refused.returncode != 0 and "permission denied for table email_outbox" in refused.stderr, refused.stderr
+    with serve_smtp("127.0.0.1", port) as inbox:
+        sent = billed.owner.cli("email", "send-due", GPUPOOL_DATABASE_URL=billed.email_url, **smtp)
+    assert sent.returncode == 0, sent.stderr
+    assert re.fullmatch(r"[1-9]\d* emails sent, 0 failed \(retried later\)\n", sent.stdout), sent.stdout
+    [message] = inbox.to("ops@yankee.example")
+    assert "Subject: gpupool: account yankee has used 100% of its prepaid credit" in message.content.decode()
+    assert set(inbox.logins) == {(b"gpupool", b"smtp-secret")}
+    with billed.owner.sessions() as session:
+        assert session.scalars(select(EmailOutbox.state).where(EmailOutbox.account == "yankee")).all() == [EMAIL_SENT]
+
+
+def test_the_webhook_sender_delivers_as_the_webhooks_role(billed: RolesDb, tmp_path: Path) -> None:
+    """`gpupool webhooks run` as gpupool-webhooks.service runs it: billing's budget.threshold, signed, to the customer."""
+    with serve_webhooks() as receiver:
+        spend_alert(billed, tmp_path, "xray", 33, receiver.url)
+        sent = billed.owner.cli(
+            "webhooks", "run", "--once", GPUPOOL_DATABASE_URL=billed.webhooks_url, GPUPOOL_WEBHOOK_ALLOW_CIDRS="127.0.0.1/32",
+        )
+    assert sent.returncode == 0, sent.stderr
+    [delivery] = receiver.deliveries
+    event = verify_signature(delivery.body, delivery.headers["Gpupool-Signature"], "whsec_xray")
+    assert event["type"] == "budget.threshold" and event["data"]["alert"]["account"] == "xray"
+    with billed.owner.sessions() as session:
+        [(state, delivery_id)] = session.execute(
+            select(WebhookDelivery.state, WebhookDelivery.id).where(WebhookDelivery.endpoint_id == "ep-xray")
+        ).all()
+        assert state == "delivered"
+        assert session.scalars(select(WebhookAttempt.status_code).where(WebhookAttempt.delivery_id == delivery_id)).all() == [200]
 
 
 def test_neither_service_role_can_switch_the_ledgers_trigger_off(billed: RolesDb) -> None:
@@ -368,6 +493,42 @@ def test_a_real_pass_runs_as_the_billing_role(billed: RolesDb) -> None:
 
 
 @pytest.mark.cluster
+def test_the_idle_check_runs_as_the_api_role_and_exits_3_for_a_node_it_cannot_read(
+        billed: RolesDb, job_root: Path, runas_socket: str) -> None:
+    """`gpupool idle check` as gpupool-idle-check.service runs it; status 3 is what its unit accepts."""
+    settings = base_settings(database_url=billed.api_url, job_root=str(job_root), runas_socket=runas_socket)
+    engine = db.make_engine(billed.api_url)
+    slurm = SlurmClient(settings)
+    exporter_url = {"GPUPOOL_GPU_EXPORTER_URL": "http://127.0.0.1:{port}/metrics"}
+    try:
+        with throwaway_slurm_account(slurm, "idle") as account:
+            add_account_row(billed.owner.sessions, account)
+            headers = bearer(billed.owner.settings, account)
+            client = create_app(settings, slurm=slurm, session_factory=db.make_session_factory(engine)).test_client()
+            created = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "params": {"seconds": 600}})
+            assert created.status_code == 201, created.get_json()
+            job = wait_for_state(client, created.get_json()["job_id"], headers, {"RUNNING"}, timeout_s=180)
+            try:
+                # Nothing listens at the exporter's port: the node is named, its job not judged.
+                unread = billed.owner.cli(
+                    "idle", "check", GPUPOOL_DATABASE_URL=billed.api_url, GPUPOOL_GPU_EXPORTER_PORT=str(free_port()), **exporter_url,
+                )
+                assert unread.returncode == 3, unread.stdout + unread.stderr
+                assert "1 job(s) sampled (0 GPU samples" in unread.stdout
+                assert f"  {job['node']}: GPU metrics not read: " in unread.stdout
+                with serve_exporter(dict.fromkeys(range(4), 50.0)) as exporter:
+                    read = billed.owner.cli(
+                        "idle", "check", GPUPOOL_DATABASE_URL=billed.api_url, GPUPOOL_GPU_EXPORTER_PORT=str(exporter.port), **exporter_url,
+                    )
+                assert read.returncode == 0, read.stdout + read.stderr
+                assert "1 job(s) sampled (1 GPU samples" in read.stdout and "not read" not in read.stdout
+            finally:
+                client.delete(f"/jobs/{job['job_id']}", headers=headers)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.cluster
 def test_the_api_submits_and_shows_a_job_as_the_api_role(billed: RolesDb, job_root: Path, runas_socket: str) -> None:
     settings = base_settings(database_url=billed.api_url, job_root=str(job_root), runas_socket=runas_socket)
     engine = db.make_engine(billed.api_url)
@@ -401,6 +562,15 @@ def test_db_upgrade_refuses_a_table_nobody_declared(roles_db: RolesDb) -> None:
     finally:
         with roles_db.owner.engine.begin() as connection:
             connection.execute(text("DROP TABLE scratch_notes"))
+
+
+def test_db_upgrade_refuses_two_services_on_one_role(roles_db: RolesDb) -> None:
+    refused = roles_db.owner.cli(
+        "db", "upgrade", GPUPOOL_DATABASE_API_ROLE=roles_db.roles["api"], GPUPOOL_DATABASE_BILLING_ROLE=roles_db.roles["billing"],
+        GPUPOOL_DATABASE_WEBHOOKS_ROLE=roles_db.roles["api"],
+    )
+    assert refused.returncode == 1
+    assert f"the api and webhooks roles are both {roles_db.roles['api']!r}: each service needs a role of its own" in refused.stderr
 
 
 def test_db_upgrade_refuses_roles_no_grant_can_limit(roles_db: RolesDb) -> None:

@@ -337,7 +337,7 @@ def test_billing_runs_every_five_minutes_as_its_own_user(rendered: Rendered) -> 
 
 
 def test_no_unit_runs_as_root(rendered: Rendered) -> None:
-    for unit in ("gpupool-api.service", "gpupool-billing.service", "gpupool-sessions-sweep.service"):
+    for unit in ("gpupool-api.service", "gpupool-billing.service", "gpupool-sessions-sweep.service", *WORKER_SERVICES):
         text = rendered.text("ctl1", f"etc/systemd/system/{unit}")
         assert not re.search(r"^(User|Group)=(root|0)\s*$", text, re.MULTILINE), unit
         assert unit_settings(text)["Service"]["NoNewPrivileges"] == ["yes"], unit
@@ -404,6 +404,7 @@ def test_api_needs_the_runas_helper_and_can_gain_no_privileges(rendered: Rendere
 
 RENDER_SECRETS = (
     "render-secret-not-for-use", "render-api-password", "render-billing-password", "render-migrate-password", "render-redis-password",
+    "render-webhooks-password", "render-email-password",
 )
 
 
@@ -437,6 +438,8 @@ def test_billing_and_the_operator_connect_as_their_own_database_roles(rendered: 
         "GPUPOOL_JWT_SECRET": '"render-secret-not-for-use"',
         "GPUPOOL_DATABASE_API_ROLE": '"gpupool_api"',
         "GPUPOOL_DATABASE_BILLING_ROLE": '"gpupool_billing"',
+        "GPUPOOL_DATABASE_WEBHOOKS_ROLE": '"gpupool_webhooks"',
+        "GPUPOOL_DATABASE_EMAIL_ROLE": '"gpupool_email"',
     }
     # The API's unit reads none of them.
     api = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-api.service"))["Service"]
@@ -475,6 +478,125 @@ def test_api_and_billing_each_hold_only_their_own_credentials(rendered: Rendered
         file for file in billing_reads
         if any(secret in file.read_text() for secret in ("render-api-password", "render-secret-not-for-use", "render-redis-password"))
     ]
+
+
+WORKER_SERVICES = ("gpupool-webhooks.service", "gpupool-idle-check.service", "gpupool-email.service")
+
+
+def secrets_read(service: dict[str, list[str]]) -> set[str]:
+    """The render's secrets in the files systemd hands the unit: its credentials and environment files."""
+    files = [Path(line.split(":", 1)[1]) for line in service.get("LoadCredential", [])] + [Path(f) for f in service["EnvironmentFile"]]
+    return {secret for secret in RENDER_SECRETS for file in files if secret in file.read_text()}
+
+
+def test_webhook_sender_runs_always_as_its_own_user_with_only_its_database_role(rendered: Rendered) -> None:
+    unit = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-webhooks.service"))
+    service = unit["Service"]
+    assert service["Type"] == ["simple"] and service["ExecStart"] == ["/opt/gpupool/venv/bin/gpupool webhooks run"]
+    # It talks to hosts the customers chose: a user of its own, in no group of the service's
+    # (no job log, no run-as helper), so no process of the API's user is open to it either.
+    assert service["User"] == service["Group"] == ["gpupool-webhooks"]
+    assert "SupplementaryGroups" not in service
+    credentials = rendered.path("ctl1", "etc/gpupool/credentials")
+    assert service["LoadCredential"] == [f"database_url:{credentials / 'webhooks' / 'database_url'}"]
+    assert (credentials / "webhooks" / "database_url").read_text() == (
+        "postgresql://gpupool_webhooks:render-webhooks-password@127.0.0.1/gpupool"
+    )
+    assert service["EnvironmentFile"] == [str(rendered.path("ctl1", "etc/gpupool/gpupool.env"))]
+    assert secrets_read(service) == {"render-webhooks-password"}
+    # The code folder is the service group's: only the virtualenv shows, read-only.
+    assert service["TemporaryFileSystem"] == ["/opt/gpupool:ro"] and service["BindReadOnlyPaths"] == ["/opt/gpupool/venv"]
+    # Always up, and time on SIGTERM to finish the attempts in hand (each within webhook_timeout_s, 10 s).
+    assert service["Restart"] == ["always"] and service["RestartSec"] == ["10"]
+    assert int(service["TimeoutStopSec"][0]) > 10
+    assert service["ProtectSystem"] == ["strict"] and service["ProtectProc"] == ["invisible"]
+    assert service["CapabilityBoundingSet"] == [""]
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_idle_check_runs_every_minute_as_the_api_user_and_an_unread_exporter_does_not_fail_it(rendered: Rendered) -> None:
+    service = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-idle-check.service"))
+    # Like the sessions' sweep: the API's user reaches the run-as helper (scancel as the tenant),
+    # and its role records the samples and queues job.idle.
+    assert service["Service"]["User"] == service["Service"]["Group"] == ["gpupool"]
+    assert service["Service"]["Type"] == ["oneshot"]
+    assert service["Service"]["ExecStart"] == ["/opt/gpupool/venv/bin/gpupool idle check"]
+    assert service["Unit"]["Requires"] == ["gpupool-runas.service"]
+    assert service["Service"]["LoadCredential"] == [
+        f"database_url:{rendered.path('ctl1', 'etc/gpupool/credentials/api/database_url')}",
+    ]
+    # Status 3 (gpupool_cli.idle_cmds): the pass ran, some node's exporter did not answer. Only that.
+    assert service["Service"]["SuccessExitStatus"] == ["3"]
+    assert secrets_read(service["Service"]) == {"render-api-password"}
+    timer = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-idle-check.timer"))
+    assert timer["Timer"]["OnCalendar"] == ["*:0/1"] and timer["Timer"]["Unit"] == ["gpupool-idle-check.service"]
+    assert timer["Install"]["WantedBy"] == ["timers.target"]
+
+
+def test_email_sender_runs_every_minute_as_its_own_user_with_only_the_outbox(rendered: Rendered) -> None:
+    service = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-email.service"))["Service"]
+    assert service["Type"] == ["oneshot"] and service["ExecStart"] == ["/opt/gpupool/venv/bin/gpupool email send-due"]
+    assert service["User"] == service["Group"] == ["gpupool-email"] and "SupplementaryGroups" not in service
+    credentials = rendered.path("ctl1", "etc/gpupool/credentials")
+    # The example sets no SMTP login: the email role's connection is its only credential.
+    assert service["LoadCredential"] == [f"database_url:{credentials / 'email' / 'database_url'}"]
+    assert "Environment" not in service and not (credentials / "email" / "smtp_password").exists()
+    assert (credentials / "email" / "database_url").read_text() == "postgresql://gpupool_email:render-email-password@127.0.0.1/gpupool"
+    assert secrets_read(service) == {"render-email-password"}
+    assert service["TemporaryFileSystem"] == ["/opt/gpupool:ro"] and service["BindReadOnlyPaths"] == ["/opt/gpupool/venv"]
+    timer = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-email.timer"))
+    assert timer["Timer"]["OnCalendar"] == ["*:0/1"] and timer["Timer"]["Unit"] == ["gpupool-email.service"]
+
+
+def test_the_example_runs_the_sender_and_the_idle_check_but_no_email_without_an_smtp_server(rendered: Rendered) -> None:
+    assert summary(rendered.root, "ctl1")["runs"] == {"webhooks": True, "idle_check": True, "email": False}
+
+
+def test_two_api_hosts_run_the_workers_on_one_and_the_smtp_password_is_the_email_units_alone(
+        repo_root: Path, tmp_path: Path) -> None:
+    inventory = example_copy(repo_root, tmp_path)
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    hosts["all"]["children"]["api"]["hosts"] = {"ctl1": None, "gpu01": None}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    with (inventory / "group_vars" / "api.yml").open("a") as api_vars:
+        api_vars.write(
+            "gpupool_api_extra_environment:\n  GPUPOOL_CONTAINER_RUNTIME: pyxis\n  GPUPOOL_SMTP_HOST: smtp.example.com\n"
+            "  GPUPOOL_SMTP_USERNAME: gpupool\n"
+            "gpupool_api_smtp_password: render-smtp-password\n"
+        )
+    out = tmp_path / "out"
+    ansible_dir = repo_root / "deploy" / "ansible"
+    run_playbook(ansible_dir, str(inventory), "tests/render.yml", *render_arguments(ansible_dir, out))
+    # Exactly one webhook sender, idle check and email sender: the first API host's.
+    assert summary(out, "ctl1")["runs"] == {"webhooks": True, "idle_check": True, "email": True}
+    assert summary(out, "gpu01")["runs"] == {"webhooks": False, "idle_check": False, "email": False}
+    credentials = out / "ctl1" / "etc/gpupool/credentials"
+    service = unit_settings((out / "ctl1" / "etc/systemd/system/gpupool-email.service").read_text())["Service"]
+    assert service["LoadCredential"] == [
+        f"database_url:{credentials / 'email' / 'database_url'}", f"smtp_password:{credentials / 'email' / 'smtp_password'}",
+    ]
+    # systemd's own path to the unit's credentials (%d): no file another user could read.
+    assert service["Environment"] == ["GPUPOOL_SMTP_PASSWORD_FILE=%d/smtp_password"]
+    password = credentials / "email" / "smtp_password"
+    assert password.read_text() == "render-smtp-password"
+    assert password.stat().st_uid == 0 and stat.S_IMODE(password.stat().st_mode) == 0o600
+    holders = [path for path in (out / "ctl1").rglob("*") if path.is_file() and "render-smtp-password" in path.read_text(errors="replace")]
+    assert holders == [password]
+    # Moved to the other API host: it runs them, the first stops its own.
+    moved = tmp_path / "moved"
+    run_playbook(ansible_dir, str(inventory), "tests/render.yml",
+                 *render_arguments(ansible_dir, moved, "--tags", "api", "-e", "gpupool_api_cluster_workers_host=gpu01"))
+    assert summary(moved, "ctl1")["runs"] == {"webhooks": False, "idle_check": False, "email": False}
+    assert summary(moved, "gpu01")["runs"] == {"webhooks": True, "idle_check": True, "email": True}
+
+
+def test_an_smtp_password_in_a_file_of_the_environment_is_refused(repo_root: Path, tmp_path: Path) -> None:
+    output = render_refused(
+        repo_root / "deploy" / "ansible", tmp_path, "--tags", "api", "-e",
+        json.dumps({"gpupool_api_extra_environment": {"GPUPOOL_SMTP_HOST": "smtp.example.com",
+                                                      "GPUPOOL_SMTP_PASSWORD_FILE": "/etc/gpupool/smtp-password"}}),
+    )
+    assert "Give the SMTP password as gpupool_api_smtp_password" in output, output
 
 
 def test_redis_asks_for_a_password_only_the_api_holds(rendered: Rendered) -> None:

@@ -8,12 +8,15 @@ import pwd
 import re
 import signal
 import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from gpupool_client import verify_signature
 
 from tests.conftest import REPO, sacct_row, wait_for
 from tests.live.conftest import free_port, http
+from tests.support.receiver import serve_webhooks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -31,6 +34,7 @@ def test_make_run_serves_as_the_service_user_and_runs_demo_jobs_as_the_demo_tena
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    stack = ExitStack()
     try:
         token = wait_for(
             lambda: (m := re.search(r"export TOKEN=(\S+)", output.read_text(errors="replace"))) and m.group(1),
@@ -46,6 +50,11 @@ def test_make_run_serves_as_the_service_user_and_runs_demo_jobs_as_the_demo_tena
         }
         assert gunicorn_users == {"gpupool"}
 
+        # The customer's receiver on loopback, which make run lets in: the sender it runs delivers job.ended.
+        receiver = stack.enter_context(serve_webhooks())
+        registered = http("POST", url + "/webhooks", token=token, body={"url": receiver.url, "events": ["job.ended"]})
+        assert registered.status == 201, registered.body
+
         created = http("POST", url + "/submit", token=token, body={"template": "hello", "gpus": 1, "params": {"message": "make run", "seconds": 1}})
         assert created.status == 201, created.body
         def completed() -> dict | None:
@@ -55,6 +64,9 @@ def test_make_run_serves_as_the_service_user_and_runs_demo_jobs_as_the_demo_tena
 
         done = wait_for(completed, timeout_s=90, what="the demo job to complete")
         assert sacct_row(done["slurm_job_id"], "User,Account") == {"User": "gp-demo", "Account": "demo"}
+        [delivery] = wait_for(lambda: receiver.deliveries, timeout_s=60, what=f"job.ended at the receiver:\n{output.read_text(errors='replace')[-3000:]}")
+        event = verify_signature(delivery.body, delivery.headers["Gpupool-Signature"], registered.body["secret"])
+        assert (event["type"], event["data"]["job"]["job_id"], event["data"]["job"]["state"]) == ("job.ended", done["job_id"], "COMPLETED")
         assert "make run" in http("GET", f"{url}/jobs/{done['job_id']}/logs", token=token).body
         # The dashboard's address is printed beside the token, and it answers.
         assert f"{url}/ui/" in output.read_text(errors="replace")
@@ -82,6 +94,7 @@ def test_make_run_serves_as_the_service_user_and_runs_demo_jobs_as_the_demo_tena
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
+        stack.close()
 
 
 def _via_nginx(port: int, host: str, path: str, cookie: str | None = None) -> tuple[int, str, bytes]:

@@ -4,9 +4,13 @@ One cluster for the module, in this order: the first run (reboots disallowed,
 the example's defaults) converges on every host, the second changes nothing;
 the services run under systemd as written; a customer's job goes through the
 API on the head node to a GPU node and back; the billing timer bills it by
-itself; the munge key and tenant users match everywhere; GPU nodes cannot
-reach the head node's databases; a driver upgrade reboots the GPU nodes one
-at a time without killing a job; a new node joins with one more run.
+itself; the webhook sender delivers a customer's webhook when a job ends, and
+the idle check's unit stays successful though no GPU node runs an exporter;
+the munge key and tenant users match everywhere; GPU nodes cannot reach the
+head node's databases; a driver upgrade reboots the GPU nodes one at a time
+without killing a job; a new node joins with one more run; a spend alert
+reaches the customer as a webhook and an email through the operator's SMTP
+server.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from gpupool_client import verify_signature
 
+from tests.support.receiver import Delivery, serve_smtp, serve_webhooks
 from tests.support.services import wait_for
 
 from .conftest import INVENTORY, Cluster, PlaybookRun, Server, boot
@@ -33,7 +40,12 @@ TENANT = f"gp-{ACCOUNT}"
 API = "https://10.50.0.10"
 UNITS_EVERYWHERE = ["munge.service"]
 UNITS_HEAD = ["slurmctld.service", "slurmdbd.service", "gpupool-api.service", "gpupool-runas.service",
-              "gpupool-billing.timer"]
+              "gpupool-billing.timer", "gpupool-webhooks.service", "gpupool-idle-check.timer", "gpupool-email.timer"]
+# This machine's end of the servers' link: the customer's receiver and the SMTP server listen here
+# (inventories/realhosts/group_vars/api.yml lets the head node's gpupool send to it).
+TEST_MACHINE = "10.50.0.1"
+API_VARS = yaml.safe_load((INVENTORY / "group_vars" / "api.yml").read_text())
+SMTP_PORT = int(API_VARS["gpupool_api_extra_environment"]["GPUPOOL_SMTP_PORT"])
 UNITS_GPU = ["slurmd.service"]
 
 
@@ -61,6 +73,16 @@ def job_state(token: str, job_id: str) -> dict[str, Any]:
     code, text = curl(token, "GET", f"/jobs/{job_id}")
     assert code == 200, text
     return json.loads(text)
+
+
+def last_run(head: Server, unit: str) -> dict[str, str]:
+    """How the timer's last run of a oneshot ``unit`` ended, once it is between runs (systemd's own record)."""
+    def between_runs() -> dict[str, str] | None:
+        shown = head.out(f"systemctl show -p ActiveState -p Result -p ExecMainStatus -p ExecMainExitTimestamp {unit}")
+        fields = dict(line.split("=", 1) for line in shown.splitlines())
+        return fields if fields["ActiveState"] in ("inactive", "failed") else None
+
+    return wait_for(between_runs, timeout_s=180, interval_s=2, what=f"the run of {unit} the timer started to end")
 
 
 def sacct(head: Server, slurm_job_id: int | str, fields: str) -> list[list[str]]:
@@ -93,6 +115,14 @@ def test_systemd_runs_every_service(cluster: Cluster) -> None:
         states = server.run(f"systemctl is-active {' '.join(units)}", check=False).stdout.split()
         assert dict(zip(units, states, strict=True)) == {unit: "active" for unit in units}, name
     assert cluster.head.out("systemctl show -p NoNewPrivileges --value gpupool-api.service") == "yes"
+    # The webhook sender runs as its own user; each timer's unit has run and succeeded, as its
+    # user (the email sender: the outbox is empty, but its role's claim already needs UPDATE).
+    sender = cluster.head.out("systemctl show -p MainPID --value gpupool-webhooks.service")
+    assert cluster.head.out(f"ps -o user= -p {sender}") == "gpupool-webhooks"
+    for unit, user in (("gpupool-idle-check.service", "gpupool"), ("gpupool-email.service", "gpupool-email")):
+        ended = last_run(cluster.head, unit)
+        assert (ended["Result"], ended["ExecMainStatus"]) == ("success", "0") and ended["ExecMainExitTimestamp"], (unit, ended)
+        assert cluster.head.out(f"systemctl show -p User --value {unit}") == user
     # slurmctld's own answer: both GPU nodes registered, with their GPU types.
     nodes = cluster.head.out("sinfo -h -N -o '%N %G %T'").splitlines()
     assert sorted(line.split()[0] for line in nodes) == ["gpu01", "gpu02"], nodes
@@ -165,14 +195,42 @@ def test_the_billing_timer_bills_the_job_exactly(cluster: Cluster, token: str, a
     # Nobody runs `gpupool billing run` here: only the timer can bill it.
     assert wait_for(billed, timeout_s=240, interval_s=10, what="the timer to bill the job") == expected
     # systemd's own record: the timer started the pass, and it succeeded.
-    # The timer starts a pass every minute: while one runs, its exit time is not set yet, so
-    # wait for the service to be between passes, then read how the last one ended.
-    def between_passes() -> str | None:
-        shown = cluster.head.out("systemctl show -p ActiveState -p Result -p ExecMainExitTimestamp gpupool-billing.service")
-        return shown if {"ActiveState=inactive", "ActiveState=failed"} & set(shown.splitlines()) else None
+    ended = last_run(cluster.head, "gpupool-billing.service")
+    assert ended["Result"] == "success" and ended["ExecMainExitTimestamp"], ended
 
-    shown = wait_for(between_passes, timeout_s=180, interval_s=2, what="the billing pass the timer started to end")
-    assert "Result=success" in shown.splitlines() and "ExecMainExitTimestamp=\n" not in shown + "\n", shown
+
+def test_a_customers_webhook_arrives_signed_when_its_job_ends_and_the_idle_check_stays_green(
+        cluster: Cluster, token: str) -> None:
+    head = cluster.head
+    with serve_webhooks(host=TEST_MACHINE) as receiver:
+        code, text = curl(token, "POST", "/webhooks", {"url": receiver.url, "events": ["job.started", "job.ended"]})
+        assert code == 201, text
+        endpoint = json.loads(text)
+        try:
+            code, text = curl(token, "POST", "/submit", {"template": "hello", "gpus": 1, "params": {"seconds": 30}})
+            assert code == 201, text
+            job_id = json.loads(text)["job_id"]
+            running = wait_for(lambda: (s := job_state(token, job_id))["state"] == "RUNNING" and s,
+                               timeout_s=300, interval_s=3, what="the job to run")
+            # No GPU node runs an exporter here: the pass reads none, says which, and its unit
+            # still succeeds (status 3, SuccessExitStatus=3); a failed unit every minute would cry wolf.
+            head.run("systemctl start gpupool-idle-check.service")
+            ended = last_run(head, "gpupool-idle-check.service")
+            assert (ended["Result"], ended["ExecMainStatus"]) == ("success", "3"), ended
+            journal = head.out("journalctl -u gpupool-idle-check.service -n 50 --no-pager -o cat")
+            assert f"  {running['node']}: GPU metrics not read: " in journal, journal
+            done = wait_for(lambda: (s := job_state(token, job_id))["state"] not in ("PENDING", "RUNNING") and s,
+                            timeout_s=300, interval_s=3, what="the job to end")
+            delivered = wait_for(
+                lambda: [d for d in receiver.deliveries if d.headers.get("Gpupool-Event-Type") == "job.ended"],
+                timeout_s=120, interval_s=2, what="job.ended at the customer's receiver")
+        finally:
+            curl(token, "DELETE", f"/webhooks/{endpoint['id']}")
+    [ended_event] = [verify_signature(d.body, d.headers["Gpupool-Signature"], endpoint["secret"]) for d in delivered]
+    assert ended_event["data"]["job"]["job_id"] == job_id and ended_event["data"]["job"]["state"] == done["state"] == "COMPLETED"
+    started = [verify_signature(d.body, d.headers["Gpupool-Signature"], endpoint["secret"])
+               for d in receiver.deliveries if d.headers.get("Gpupool-Event-Type") == "job.started"]
+    assert [event["data"]["job"]["job_id"] for event in started] == [job_id]
 
 
 def test_munge_key_and_tenant_users_are_the_same_on_every_host(cluster: Cluster, token: str) -> None:
@@ -270,3 +328,34 @@ def test_a_node_added_to_the_inventory_joins_with_one_more_run(cluster: Cluster,
     assert node_states(cluster.head).get("gpu03") == "idle"
     users = {name: s.out(f"getent passwd {TENANT} | cut -d: -f3,4") for name, s in cluster.servers.items()}
     assert len(set(users.values())) == 1, users
+
+
+def test_a_spend_alert_reaches_the_customer_as_a_webhook_and_an_email(cluster: Cluster, token: str) -> None:
+    """Last: the monthly limit it sets is spent. The billing timer fires the alerts; the sender and the email unit send them."""
+    head = cluster.head
+    with serve_webhooks(host=TEST_MACHINE) as receiver, serve_smtp(TEST_MACHINE, SMTP_PORT) as inbox:
+        code, text = curl(token, "POST", "/webhooks", {"url": receiver.url, "events": ["budget.threshold"]})
+        assert code == 201, text
+        endpoint = json.loads(text)
+        try:
+            # The module's jobs spent more than 0.005 (the first alone ran 40 GPU-seconds at 0.0002):
+            # past 50 % of this limit, at the next billing pass.
+            head.run(f"gpupool account set {ACCOUNT} --monthly-limit 0.01 --alert-email ops@{ACCOUNT}.example")
+            def alerted_at_half() -> list[Delivery] | None:
+                alerts = [d for d in receiver.deliveries if d.headers.get("Gpupool-Event-Type") == "budget.threshold"]
+                return alerts if 50 in {json.loads(d.body)["data"]["alert"]["threshold"] for d in alerts} else None
+
+            alerts = wait_for(alerted_at_half, timeout_s=300, interval_s=3, what="budget.threshold at 50 % at the customer's receiver")
+            mails = wait_for(lambda: inbox.to(f"ops@{ACCOUNT}.example"), timeout_s=180, interval_s=3,
+                             what="the spend alert's email at the SMTP server")
+        finally:
+            curl(token, "DELETE", f"/webhooks/{endpoint['id']}")
+            head.run(f"gpupool account set {ACCOUNT} --monthly-limit none --alert-email none")
+    events = [verify_signature(d.body, d.headers["Gpupool-Signature"], endpoint["secret"]) for d in alerts]
+    assert {event["data"]["alert"]["account"] for event in events} == {ACCOUNT}
+    assert {event["data"]["alert"]["kind"] for event in events} == {"limit"}, events
+    assert f"Subject: gpupool: account {ACCOUNT} has used" in mails[0].content.decode()
+    # The login came from the email unit's credential, which no other unit holds.
+    assert set(inbox.logins) == {(b"gpupool", API_VARS["gpupool_api_smtp_password"].encode())}
+    ended = last_run(head, "gpupool-email.service")
+    assert ended["Result"] == "success", ended

@@ -157,6 +157,15 @@ def test_bad_jwt_algorithm() -> None:
     assert config_error({"GPUPOOL_JWT_ALGORITHM": "none"}) == "jwt_algorithm must be HS256 or RS256, not 'none'"
 
 
+def test_a_senders_role_needs_the_api_and_billing_roles() -> None:
+    assert "need database_api_role and database_billing_role" in config_error({"GPUPOOL_DATABASE_EMAIL_ROLE": "gpupool_email"})
+    settings = load_settings({
+        "GPUPOOL_DATABASE_API_ROLE": "gpupool_api", "GPUPOOL_DATABASE_BILLING_ROLE": "gpupool_billing",
+        "GPUPOOL_DATABASE_WEBHOOKS_ROLE": "gpupool_webhooks",
+    })
+    assert (settings.database_webhooks_role, settings.database_email_role) == ("gpupool_webhooks", "")
+
+
 def test_non_positive_refresh_interval() -> None:
     assert config_error({"GPUPOOL_REFRESH_INTERVAL_S": "0"}) == "refresh_interval_s must be positive"
 

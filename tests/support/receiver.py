@@ -1,0 +1,86 @@
+"""What receives gpupool's notices: a customer's webhook receiver, the operator's SMTP server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
+
+
+@dataclass(frozen=True)
+class Delivery:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class WebhookReceiver:
+    url: str
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+@contextmanager
+def serve_webhooks(host: str = "127.0.0.1") -> Iterator[WebhookReceiver]:
+    """Listens on ``host`` (any free port) until the block ends; ``url`` ends in /hook."""
+    lock = threading.Lock()
+    state = WebhookReceiver(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with lock:
+                state.deliveries.append(Delivery(self.path, dict(self.headers), body))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, 0), Handler)
+    state.url = f"http://{host}:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class MailInbox:
+    """aiosmtpd's handler and authenticator: keeps every message and every login (and accepts any)."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.logins: list[tuple[bytes, bytes]] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's hook name
+        self.messages.append(envelope)
+        return "250 OK"
+
+    def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any) -> AuthResult:
+        self.logins.append((auth_data.login, auth_data.password))
+        return AuthResult(success=True)
+
+    def to(self, recipient: str) -> list[Any]:
+        return [envelope for envelope in self.messages if recipient in envelope.rcpt_tos]
+
+
+@contextmanager
+def serve_smtp(host: str, port: int) -> Iterator[MailInbox]:
+    """An SMTP server on ``host``:``port`` that asks for a login but no TLS, until the block ends."""
+    inbox = MailInbox()
+    controller = Controller(inbox, hostname=host, port=port, authenticator=inbox, auth_require_tls=False)
+    controller.start()
+    try:
+        yield inbox
+    finally:
+        controller.stop()
