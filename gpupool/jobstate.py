@@ -121,13 +121,29 @@ def array_state(states: list[str]) -> str:
     return next((state for state in states if state != "COMPLETED"), "COMPLETED")
 
 
+# squeue's START_TIME is the run's start only while the job runs (or is suspended): for a
+# pending job it is an estimate, and while a requeued job completes it is the current
+# second, a new value every second (seen on 22.05), which would count a new run at each
+# refresh. Otherwise the start already stored stands; sacct's record of a finished run has
+# the last word.
+_RUN_START_STATES = frozenset({"RUNNING", "SUSPENDED"})
+
+
+def _queue_start(entry: QueueEntry) -> dict[str, Any]:
+    if entry.state == "PENDING":
+        return {"started_at": None}
+    if entry.state in _RUN_START_STATES:
+        return {"started_at": entry.started_at}
+    return {}
+
+
 def _queue_values(entry: QueueEntry, submitted_at: dt.datetime | None) -> dict[str, Any]:
     return {
         "slurm_job_id": entry.slurm_job_id,
         "state": entry.state,
         "reason": entry.reason if entry.state == "PENDING" else None,
         "submitted_at": entry.submitted_at or submitted_at,
-        "started_at": entry.started_at,
+        **_queue_start(entry),
         "node": entry.node if entry.state != "PENDING" else None,
         # From the same squeue row (its %S): an estimate costs no Slurm call of its own.
         "expected_start_at": entry.expected_start if entry.state == "PENDING" else None,
@@ -405,7 +421,7 @@ class JobStateRefresher:
                     values = {
                         "state": entry.state,
                         "reason": entry.reason if entry.state == "PENDING" else None,
-                        "started_at": entry.started_at,
+                        **_queue_start(entry),
                         "node": entry.node if entry.state != "PENDING" else None,
                     }
                 record = accounted.get(task.task_index)

@@ -89,3 +89,16 @@ def test_the_same_answer_twice_changes_nothing_the_second_time() -> None:
     for column, value in refresher().changes(first, answers(queued("PENDING", None, "BeginTime")), NOW).items():
         setattr(first, column, value)
     assert refresher().changes(first, answers(queued("PENDING", None, "BeginTime")), NOW) == {}
+
+
+def test_a_requeued_job_completing_counts_no_run_at_each_refresh() -> None:
+    """While a requeued job completes, squeue's START_TIME is the current second (seen on 22.05), new at every refresh."""
+    running = job()
+    for second in range(3):
+        changes = refresher().changes(running, answers(queued("COMPLETING", NOW + dt.timedelta(seconds=second))), NOW)
+        assert "run_count" not in changes and "started_at" not in changes, changes
+        for column, value in changes.items():
+            setattr(running, column, value)
+    assert (running.started_at, running.run_count) == (FIRST, 1)
+    pending = refresher().changes(running, answers(queued("PENDING", None, "BeginTime")), NOW)
+    assert pending["state"] == "PREEMPTED" and "run_count" not in pending
