@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from api.context import AppState
 from api.metrics import stage
 from api.schemas import SubmitRequest
-from billing.budgets import WorstCase, check_member_spend, check_submit, lock_budget, worst_case
+from billing.budgets import WorstCase, check_spend, lock_budget, worst_case
 from billing.prices import load_prices
 from gpupool.config import Settings, allowed_networks
 from gpupool.containers import docker_runtime_refusal
@@ -370,30 +370,21 @@ def _check_budget(app: AppState, session: Session, caller: Principal, admitted: 
     """The 402 checks, the member's and the account's; hold the account's budget lock until the session's transaction ends."""
     account = admitted.account
     tasks = admitted.array.count if admitted.array is not None else 1
-    membership = caller.membership
-    if membership is not None and membership.has_limits:
-        # The same lock as the account's budget: a member's concurrent submits see each other's jobs.
-        lock_budget(session, account.name, app.clock())
+    membership = caller.membership if caller.membership is not None and caller.membership.has_limits else None
+    budgeted = account.prepaid_credit_nanos is not None or account.monthly_limit_nanos is not None
+    if membership is None and not budgeted:
+        return
+    member_limit = membership.monthly_limit_nanos if membership is not None else None
+    now = app.clock()
+    # The one lock of the account's budget: a member's concurrent submits see each other's jobs too.
+    lock = lock_budget(session, account.name, now, member=caller.sub if member_limit is not None else None)
+    if membership is not None:
         asked = admitted.gpus * min(tasks, admitted.array.max_parallel or tasks) if admitted.array is not None else admitted.gpus
         check_member_gpus(session, membership, account.name, caller.sub, asked)
-        if membership.monthly_limit_nanos is not None:
-            check_member_spend(
-                session, account.name, caller.sub, membership.monthly_limit_nanos,
-                gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
-                currency=app.settings.currency, now=app.clock(), tasks=tasks, preemptible=req.preemptible,
-            )
-    if account.prepaid_credit_nanos is not None or account.monthly_limit_nanos is not None:
-        check_submit(
-            session,
-            account.name,
-            gpus=admitted.gpus,
-            gpu_type=req.gpu_type,
-            time_limit_min=admitted.time_limit_min,
-            currency=app.settings.currency,
-            now=app.clock(),
-            tasks=tasks,
-            preemptible=req.preemptible,
-        )
+    check_spend(
+        session, lock, gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
+        currency=app.settings.currency, now=now, tasks=tasks, preemptible=req.preemptible, member_limit_nanos=member_limit,
+    )
 
 
 def _new_job(
