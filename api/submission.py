@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, delete, select, text
+from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from api.context import AppState
 from api.metrics import stage
@@ -250,17 +251,27 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
         log.info("job %s (account %s) refused by Slurm: %s", job.id, job.account, exc.message)
         _forget(app, session, job)
         raise
-    job.slurm_job_id = slurm_job_id
-    job.state = "PENDING"
-    job.submitted_at = job.submitted_at or utcnow()
     log.info("job %s submitted as Slurm job %s (account %s, %s x gpu)", job.id, slurm_job_id, job.account, job.gpus)
-    if session.get_bind().dialect.name == "postgresql":
-        # Only a PostgreSQL crash within wal_writer_delay can lose this update, and
-        # then the refresher still finds the job by its tag; the row itself was
-        # committed durably before sbatch. Skipping the flush saves a disk sync.
-        session.execute(text("SET LOCAL synchronous_commit TO OFF"))
     with stage("record"):
-        session.commit()
+        _record_submitted(session, job, slurm_job_id)
+
+
+def _record_submitted(session: Session, job: Job, slurm_job_id: int) -> None:
+    """Store Slurm's job id on the committed row (and on ``job``): one UPDATE, not the ORM's flush of a changed object."""
+    now = utcnow()
+    values = {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": job.submitted_at or now, "updated_at": now}
+    statement = update(Job).where(Job.id == job.id).values(values)
+    if session.get_bind().dialect.name == "postgresql":
+        # Committed without waiting for the disk: only a PostgreSQL crash within
+        # wal_writer_delay can lose this update, and then the refresher still finds
+        # the job by its tag; the row itself was committed durably before sbatch.
+        # set_config(..., true) is SET LOCAL as a function: in the UPDATE's own
+        # RETURNING it costs no round trip of its own.
+        statement = statement.returning(func.set_config("synchronous_commit", "off", True))
+    session.connection().execute(statement)
+    session.commit()
+    for name, value in values.items():
+        set_committed_value(job, name, value)
 
 
 @dataclass(frozen=True)
