@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import Engine, and_, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql import Executable
 
 from api.context import AppState
 from api.metrics import stage
@@ -261,17 +262,43 @@ def _record_submitted(session: Session, job: Job, slurm_job_id: int) -> None:
     now = utcnow()
     values = {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": job.submitted_at or now, "updated_at": now}
     statement = update(Job).where(Job.id == job.id).values(values)
-    if session.get_bind().dialect.name == "postgresql":
+    bind = session.get_bind()
+    if bind.dialect.name == "postgresql":
         # Committed without waiting for the disk: only a PostgreSQL crash within
         # wal_writer_delay can lose this update, and then the refresher still finds
         # the job by its tag; the row itself was committed durably before sbatch.
         # set_config(..., true) is SET LOCAL as a function: in the UPDATE's own
         # RETURNING it costs no round trip of its own.
         statement = statement.returning(func.set_config("synchronous_commit", "off", True))
-    session.connection().execute(statement)
-    session.commit()
+    if bind.dialect.name == "postgresql" and isinstance(bind, Engine):
+        _execute_alone(session, statement)
+    else:
+        # SQLite, or a session joined to its caller's transaction (the tests'), which it cannot leave.
+        session.connection().execute(statement).close()
+        session.commit()
     for name, value in values.items():
         set_committed_value(job, name, value)
+
+
+def _execute_alone(session: Session, statement: Executable) -> None:
+    """``statement`` as a transaction of its own, in one round trip.
+
+    The driver's autocommit sends it without a BEGIN and a COMMIT of their own
+    (three round trips become one). The flag is psycopg2's and costs nothing to
+    set and clear, where SQLAlchemy's AUTOCOMMIT isolation level costs another
+    round trip to undo. It is set between transactions only: a replay may have
+    read in one, which is ended first.
+    """
+    session.commit()
+    connection = session.connection()
+    driver = connection.connection.dbapi_connection
+    assert driver is not None
+    driver.autocommit = True
+    try:
+        connection.execute(statement).close()
+    finally:
+        driver.autocommit = False
+    session.commit()
 
 
 @dataclass(frozen=True)
