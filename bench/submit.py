@@ -5,9 +5,10 @@ Three ways to submit the same rendered hello job (1 GPU) as the account's tenant
 - raw ``sbatch --parsable``, started as the tenant (the floor: gpupool's own submit runs sbatch);
 - slurmrestd, Slurm's REST daemon, run as the tenant with local socket authentication
   (``POST /slurm/v0.0.38/job/submit``), the service an operator could expose instead;
-- gpupool's ``POST /submit`` under gunicorn (4 workers, as the service user, through the
-  run-as helper), with every guarantee at work: an Idempotency-Key on each request and a
-  prepaid credit on the account, so the idempotency lookup and the budget check both run.
+- gpupool's ``POST /submit`` under gunicorn (as many sync workers as the playbook starts,
+  as the service user, through the run-as helper), with every guarantee at work: an
+  Idempotency-Key on each request and a prepaid credit on the account, so the idempotency
+  lookup and the budget check both run.
 
 The bench account's Slurm GPU limit is 0, so every job stays pending: on 2 cores, jobs
 starting and ending would otherwise steal CPU from whichever side happens to be timed.
@@ -69,6 +70,8 @@ from gpupool.templates import load_templates  # noqa: E402
 ROUNDS = 60
 CONCURRENCY = 8
 CORES = os.cpu_count() or 1
+# gpupool_api_workers in deploy/ansible/roles/gpupool_api/defaults/main.yml: as production runs it.
+PLAYBOOK_WORKERS = min(CORES * 2 + 1, 9)
 BLOCKS = 4
 JOBS_PER_BLOCK = 48
 PROFILE_ROUNDS = 150
@@ -334,6 +337,10 @@ def main() -> None:
         "--profile", action="store_true",
         help="then sample the gunicorn workers and the run-as helper with py-spy and print where a submit's time goes",
     )
+    parser.add_argument(
+        "--workers", type=int, default=PLAYBOOK_WORKERS,
+        help=f"gunicorn's sync workers (default {PLAYBOOK_WORKERS}: the playbook's min(2 x CPUs + 1, 9) on this machine)",
+    )
     args = parser.parse_args()
     if args.profile:
         py_spy_binary()  # before the set-up, not after it
@@ -342,7 +349,7 @@ def main() -> None:
         give_budget(env["database_url"], account)
         sbatch = raw_sbatch(account, job_root)
         # Server-Timing on: each submit's answer names its stages (api.metrics.stage).
-        with gunicorn(env, workers=4, server_timing="true") as url, slurmrestd(account, job_root) as restd:
+        with gunicorn(env, workers=args.workers, server_timing="true") as url, slurmrestd(account, job_root) as restd:
             stages: dict[str, list[float]] = {}
 
             def api_submit() -> None:
@@ -381,14 +388,16 @@ def main() -> None:
                 slurm("scancel", f"--account={account}", check=False)
             jobs = BLOCKS * JOBS_PER_BLOCK
             rate = {side: jobs / spent for side, spent in seconds.items()}
-            report(latencies, rate, breakdown, jobs)
+            report(latencies, rate, breakdown, jobs, args.workers)
             per_job_table(meter, jobs, rate)
             if args.profile:
                 helper = pids_with_argument(env["runas_socket"])[0]
                 profile(api_submit, master, helper, account, breakdown, dict(meter.per_job_ms("api", jobs)))
 
 
-def report(latencies: dict[str, list[float]], rate: dict[str, float], breakdown: dict[str, float], jobs: int) -> None:
+def report(
+    latencies: dict[str, list[float]], rate: dict[str, float], breakdown: dict[str, float], jobs: int, workers: int
+) -> None:
     p50 = {side: median(values) for side, values in latencies.items()}
 
     def latency(side: str) -> str:
@@ -396,7 +405,7 @@ def report(latencies: dict[str, list[float]], rate: dict[str, float], breakdown:
 
     table(
         f"bench/submit ({ROUNDS} interleaved rounds; {jobs} jobs a side at concurrency {CONCURRENCY}, "
-        f"{BLOCKS} alternating blocks; load average {os.getloadavg()[0]:.1f})",
+        f"{BLOCKS} alternating blocks; gunicorn with {workers} workers; load average {os.getloadavg()[0]:.1f})",
         [
             ("raw sbatch p50", latency("raw")),
             ("slurmrestd p50", latency("restd")),
