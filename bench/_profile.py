@@ -40,7 +40,7 @@ WORKER_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sbatch through the run-as helper", ("RunasClient._call (",)),
     ("budget check (lock, balance, prices, queued jobs)", ("_check_budget (",)),
     ("admission (template, account, Idempotency-Key)", ("_admit (",)),
-    ("record the Slurm id (async commit)", ("_run_sbatch (",)),
+    ("record the Slurm id (one UPDATE, asynchronous commit)", ("_run_sbatch (",)),
     ("the row before sbatch (INSERT, durable COMMIT)", ("Session.commit (",)),
     ("render, build the row", ("submit (api/submission.py",)),
     ("token check", ("authenticate (api/auth.py",)),
@@ -52,18 +52,18 @@ WORKER_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gunicorn, HTTP, Flask", ("handle_request (gunicorn",)),
 )
 HELPER_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("fork and exec sbatch", ("Popen._execute_child (",)),
+    ("fork and exec sbatch (through setpriv)", ("Popen._execute_child (",)),
     ("wait for sbatch, read its output", ("Popen.communicate (", "Popen.wait (")),
     ("check options and script", ("check_submit_options (", "check_script (", "check_array_values (")),
     ("tenant lookup, job folder", ("_tenant (", "ensure_tenant_folder (")),
     ("write the job's files", ("_write_service_files (", "_write_array_values (")),
     ("read the request, reply", ("_read_request (", "_reply (", "json/")),
-    ("a thread per connection", ("process_request (", "Thread.start (")),
-    ("the rest of the handler", ("_Handler.handle (", "process_request_thread (")),
+    ("accept, hand to a thread", ("process_request (",)),
+    ("the rest of the handler", ("_Handler.handle (", "_serve (")),
 )
 # Frames of a request: outside them a worker (or the helper's accept loop) waits for the next one.
 WORKER_BUSY = ("handle_request (gunicorn",)
-HELPER_BUSY = ("process_request (", "process_request_thread (")
+HELPER_BUSY = ("process_request (", "_serve (")
 
 
 def _ticks(pid: int) -> tuple[int, int]:
