@@ -92,7 +92,8 @@ lint: venv
 bench: venv-test services cluster
 	command -v wrk >/dev/null || $(SUDO) apt-get install -y -qq wrk
 	test -x /usr/sbin/slurmrestd || $(SUDO) apt-get install -y -qq slurmrestd
-	$(VENV)/bin/python bench/submit.py
+	$(VENV)/bin/pip install -q -e '.[bench]'
+	$(VENV)/bin/python bench/submit.py --profile
 	$(VENV)/bin/python bench/scale.py
 	$(VENV)/bin/python bench/runas.py
 	$(VENV)/bin/python bench/poll.py

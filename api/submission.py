@@ -12,14 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, delete, select, text
+from sqlalchemy import Engine, and_, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql import Executable
 
 from api.context import AppState
 from api.metrics import stage
 from api.schemas import SubmitRequest
-from billing.budgets import WorstCase, check_member_spend, check_submit, lock_budget, worst_case
+from billing.budgets import WorstCase, check_spend, lock_budget, worst_case
 from billing.prices import load_prices
 from gpupool.config import Settings, allowed_networks
 from gpupool.containers import docker_runtime_refusal
@@ -250,17 +252,53 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
         log.info("job %s (account %s) refused by Slurm: %s", job.id, job.account, exc.message)
         _forget(app, session, job)
         raise
-    job.slurm_job_id = slurm_job_id
-    job.state = "PENDING"
-    job.submitted_at = job.submitted_at or utcnow()
     log.info("job %s submitted as Slurm job %s (account %s, %s x gpu)", job.id, slurm_job_id, job.account, job.gpus)
-    if session.get_bind().dialect.name == "postgresql":
-        # Only a PostgreSQL crash within wal_writer_delay can lose this update, and
-        # then the refresher still finds the job by its tag; the row itself was
-        # committed durably before sbatch. Skipping the flush saves a disk sync.
-        session.execute(text("SET LOCAL synchronous_commit TO OFF"))
     with stage("record"):
+        _record_submitted(session, job, slurm_job_id)
+
+
+def _record_submitted(session: Session, job: Job, slurm_job_id: int) -> None:
+    """Store Slurm's job id on the committed row (and on ``job``): one UPDATE, not the ORM's flush of a changed object."""
+    now = utcnow()
+    values = {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": job.submitted_at or now, "updated_at": now}
+    statement = update(Job).where(Job.id == job.id).values(values)
+    bind = session.get_bind()
+    if bind.dialect.name == "postgresql":
+        # Committed without waiting for the disk: only a PostgreSQL crash within
+        # wal_writer_delay can lose this update, and then the refresher still finds
+        # the job by its tag; the row itself was committed durably before sbatch.
+        # set_config(..., true) is SET LOCAL as a function: in the UPDATE's own
+        # RETURNING it costs no round trip of its own.
+        statement = statement.returning(func.set_config("synchronous_commit", "off", True))
+    if bind.dialect.name == "postgresql" and isinstance(bind, Engine):
+        _execute_alone(session, statement)
+    else:
+        # SQLite, or a session joined to its caller's transaction (the tests'), which it cannot leave.
+        session.connection().execute(statement).close()
         session.commit()
+    for name, value in values.items():
+        set_committed_value(job, name, value)
+
+
+def _execute_alone(session: Session, statement: Executable) -> None:
+    """``statement`` as a transaction of its own, in one round trip.
+
+    The driver's autocommit sends it without a BEGIN and a COMMIT of their own
+    (three round trips become one). The flag is psycopg2's and costs nothing to
+    set and clear, where SQLAlchemy's AUTOCOMMIT isolation level costs another
+    round trip to undo. It is set between transactions only: a replay may have
+    read in one, which is ended first.
+    """
+    session.commit()
+    connection = session.connection()
+    driver = connection.connection.dbapi_connection
+    assert driver is not None
+    driver.autocommit = True
+    try:
+        connection.execute(statement).close()
+    finally:
+        driver.autocommit = False
+    session.commit()
 
 
 @dataclass(frozen=True)
@@ -370,30 +408,21 @@ def _check_budget(app: AppState, session: Session, caller: Principal, admitted: 
     """The 402 checks, the member's and the account's; hold the account's budget lock until the session's transaction ends."""
     account = admitted.account
     tasks = admitted.array.count if admitted.array is not None else 1
-    membership = caller.membership
-    if membership is not None and membership.has_limits:
-        # The same lock as the account's budget: a member's concurrent submits see each other's jobs.
-        lock_budget(session, account.name, app.clock())
+    membership = caller.membership if caller.membership is not None and caller.membership.has_limits else None
+    budgeted = account.prepaid_credit_nanos is not None or account.monthly_limit_nanos is not None
+    if membership is None and not budgeted:
+        return
+    member_limit = membership.monthly_limit_nanos if membership is not None else None
+    now = app.clock()
+    # The one lock of the account's budget: a member's concurrent submits see each other's jobs too.
+    lock = lock_budget(session, account.name, now, member=caller.sub if member_limit is not None else None)
+    if membership is not None:
         asked = admitted.gpus * min(tasks, admitted.array.max_parallel or tasks) if admitted.array is not None else admitted.gpus
         check_member_gpus(session, membership, account.name, caller.sub, asked)
-        if membership.monthly_limit_nanos is not None:
-            check_member_spend(
-                session, account.name, caller.sub, membership.monthly_limit_nanos,
-                gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
-                currency=app.settings.currency, now=app.clock(), tasks=tasks, preemptible=req.preemptible,
-            )
-    if account.prepaid_credit_nanos is not None or account.monthly_limit_nanos is not None:
-        check_submit(
-            session,
-            account.name,
-            gpus=admitted.gpus,
-            gpu_type=req.gpu_type,
-            time_limit_min=admitted.time_limit_min,
-            currency=app.settings.currency,
-            now=app.clock(),
-            tasks=tasks,
-            preemptible=req.preemptible,
-        )
+    check_spend(
+        session, lock, gpus=admitted.gpus, gpu_type=req.gpu_type, time_limit_min=admitted.time_limit_min,
+        currency=app.settings.currency, now=now, tasks=tasks, preemptible=req.preemptible, member_limit_nanos=member_limit,
+    )
 
 
 def _new_job(

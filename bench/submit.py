@@ -5,9 +5,10 @@ Three ways to submit the same rendered hello job (1 GPU) as the account's tenant
 - raw ``sbatch --parsable``, started as the tenant (the floor: gpupool's own submit runs sbatch);
 - slurmrestd, Slurm's REST daemon, run as the tenant with local socket authentication
   (``POST /slurm/v0.0.38/job/submit``), the service an operator could expose instead;
-- gpupool's ``POST /submit`` under gunicorn (4 workers, as the service user, through the
-  run-as helper), with every guarantee at work: an Idempotency-Key on each request and a
-  prepaid credit on the account, so the idempotency lookup and the budget check both run.
+- gpupool's ``POST /submit`` under gunicorn (as many sync workers as the playbook starts,
+  as the service user, through the run-as helper), with every guarantee at work: an
+  Idempotency-Key on each request and a prepaid credit on the account, so the idempotency
+  lookup and the budget check both run.
 
 The bench account's Slurm GPU limit is 0, so every job stays pending: on 2 cores, jobs
 starting and ending would otherwise steal CPU from whichever side happens to be timed.
@@ -20,7 +21,9 @@ stage, from the Server-Timing header the API sends with ``server_timing`` on.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import http.client
 import json
 import os
 import shutil
@@ -33,12 +36,28 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import text, update
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import bench_env, gunicorn, http, median, percentile, slurm, table  # noqa: E402
+from bench._harness import bench_env, gunicorn, median, percentile, slurm, table  # noqa: E402
+from bench._profile import (  # noqa: E402
+    HELPER_BUSY,
+    HELPER_GROUPS,
+    WORKER_BUSY,
+    WORKER_GROUPS,
+    Component,
+    CpuMeter,
+    bench_process,
+    function_groups,
+    parent_of,
+    pids_named,
+    pids_with_argument,
+    py_spy,
+    py_spy_binary,
+)
 from billing.price_book import ANY_GPU_TYPE  # noqa: E402
 from billing.prices import set_price  # noqa: E402
 from gpupool import db  # noqa: E402
@@ -51,9 +70,15 @@ from gpupool.templates import load_templates  # noqa: E402
 
 ROUNDS = 60
 CONCURRENCY = 8
+CORES = os.cpu_count() or 1
+# gpupool_api_workers in deploy/ansible/roles/gpupool_api/defaults/main.yml: as production runs it.
+PLAYBOOK_WORKERS = min(CORES * 2 + 1, 9)
 BLOCKS = 4
 JOBS_PER_BLOCK = 48
+PROFILE_ROUNDS = 150
+PROFILE_BLOCKS = 4
 BODY = {"template": "hello", "gpus": 1, "params": {"message": "bench"}}
+SUBMIT_BODY = json.dumps(BODY).encode()
 SLURMRESTD = "/usr/sbin/slurmrestd"
 RESTD_CLIENT = Path(__file__).resolve().parent / "_restd_client.py"
 # Far more than any bench spends: the check runs in full and always passes.
@@ -110,8 +135,9 @@ def restd_body(account: str, job_dir: Path) -> dict[str, object]:
 class RestdClient:
     """bench/_restd_client.py running as the tenant, driven a line at a time."""
 
-    def __init__(self, process: subprocess.Popen[str]) -> None:
+    def __init__(self, process: subprocess.Popen[str], daemon: subprocess.Popen[bytes]) -> None:
         self.process = process
+        self.daemon = daemon
 
     def _ask(self, command: str) -> float:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -156,7 +182,7 @@ def slurmrestd(account: str, job_root: Path) -> Iterator[RestdClient]:
             if daemon.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"slurmrestd did not start: {(folder / 'slurmrestd.log').read_text()}")
             time.sleep(0.1)
-        yield RestdClient(client)
+        yield RestdClient(client, daemon)
     finally:
         client.kill()
         client.wait(timeout=30)
@@ -172,6 +198,25 @@ def give_budget(database_url: str, account: str) -> None:
         set_price(session, ANY_GPU_TYPE, 1, dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
         session.execute(update(Account).where(Account.name == account).values(prepaid_credit_nanos=BENCH_CREDIT_NANOS))
     engine.dispose()
+
+
+def post_submit(url: str, token: str) -> tuple[int, str, bytes]:
+    """POST /submit with a fresh Idempotency-Key on a connection of its own: (status, Server-Timing, body).
+
+    http.client, as the slurmrestd side's client uses: urllib's opener added about
+    0.1 ms of the shared CPUs per request, none of it the service's.
+    """
+    host, _, port = url.removeprefix("http://").partition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        headers = {
+            "Content-Type": "application/json", "Authorization": f"Bearer {token}", "Idempotency-Key": str(uuid.uuid4()),
+        }
+        connection.request("POST", "/submit", body=SUBMIT_BODY, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.getheader("Server-Timing", ""), response.read()
+    finally:
+        connection.close()
 
 
 def timed(action: Action) -> float:
@@ -206,21 +251,133 @@ def throughput(action: Action, jobs: int, concurrency: int) -> float:
     return jobs / burst_seconds(action, jobs, concurrency)
 
 
+def database_backends(database_url: str) -> list[int]:
+    """PostgreSQL's backend processes serving the bench database (the workers' pooled connections)."""
+    engine = db.make_engine(database_url)
+    with engine.connect() as connection:
+        pids = connection.execute(
+            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        ).scalars()
+        found = list(pids)
+    engine.dispose()
+    return found
+
+
+def gunicorn_processes(url: str) -> tuple[int, list[int]]:
+    """(the master, every gunicorn process) of the server at ``url``: they all carry its --bind address."""
+    pids = pids_with_argument(url.removeprefix("http://"))
+    master = next(pid for pid in pids if parent_of(pid) not in pids)
+    return master, pids
+
+
+def cpu_meter(env: dict[str, Any], gunicorn_pids: list[int], restd: RestdClient) -> CpuMeter:
+    """Each side's processes: the ones it starts, and the daemons it asks (shared with the whole machine)."""
+    fixed = {
+        "helper": pids_with_argument(env["runas_socket"]),
+        "backends": database_backends(env["database_url"]),
+        "redis": pids_named("redis-server"),
+        "slurmctld": pids_named("slurmctld"),
+        "munged": pids_named("munged"),
+    }
+    slurm_daemons = [
+        Component("slurmctld (shared)", lambda: fixed["slurmctld"]),
+        Component("munged, sbatch's credential (shared)", lambda: fixed["munged"]),
+    ]
+    return CpuMeter(
+        {
+            "raw": [bench_process(reaped=False), bench_process(reaped=True), *slurm_daemons],
+            "restd": [
+                Component("the client (bench process)", lambda: [restd.process.pid]),
+                Component("slurmrestd", lambda: [restd.daemon.pid]),
+                *slurm_daemons,
+            ],
+            "api": [
+                bench_process(reaped=False),
+                Component("gunicorn workers", lambda: gunicorn_pids),
+                Component("PostgreSQL backends", lambda: fixed["backends"]),
+                Component("Redis (shared)", lambda: fixed["redis"]),
+                Component("run-as helper", lambda: fixed["helper"]),
+                Component("sbatch (as the tenant)", lambda: fixed["helper"], reaped=True),
+                *slurm_daemons,
+            ],
+        }
+    )
+
+
+def per_job_table(meter: CpuMeter, jobs: int, rate: dict[str, float]) -> None:
+    rows: list[tuple[str, str]] = []
+    for side, label in (("raw", "raw sbatch"), ("restd", "slurmrestd"), ("api", "POST /submit")):
+        parts = meter.per_job_ms(side, jobs)
+        total = sum(ms for _, ms in parts)
+        rows += [(f"{label}: {name}", f"{ms:5.2f} ms") for name, ms in parts]
+        rows.append((f"{label}: all", f"{total:5.2f} ms -> at most {CORES * 1000 / total:4.0f} jobs/s on {CORES} cores "
+                     f"(measured {rate[side]:.0f})"))
+    table(f"CPU per job at concurrency {CONCURRENCY}, by process (/proc; shared daemons include neighbours' work)", rows)
+
+
+def profile(api_submit: Action, master: int, helper: int, account: str, wall_ms: dict[str, float], cpu_ms: dict[str, float]) -> None:
+    """py-spy on the gunicorn workers and the run-as helper, one submit at a time: first wall time, then CPU.
+
+    Shares of the samples become milliseconds through what was measured without py-spy:
+    ``wall_ms`` (Server-Timing's total and sbatch stage, medians) and ``cpu_ms`` (/proc, per job).
+    """
+    with tempfile.TemporaryDirectory(prefix="gpupool-profile-") as folder:
+        out = Path(folder)
+        for mode in ("wall", "cpu"):
+            with (
+                py_spy(master, out / f"api-{mode}.txt", idle=mode == "wall", subprocesses=True),
+                py_spy(helper, out / f"helper-{mode}.txt", idle=mode == "wall"),
+            ):
+                time.sleep(1)  # py-spy attaches
+                for _ in range(PROFILE_ROUNDS):
+                    api_submit()
+            slurm("scancel", f"--account={account}", check=False)
+        for title, kind, groups, busy, wall_total, cpu_total in (
+            ("gunicorn worker", "api", WORKER_GROUPS, WORKER_BUSY, wall_ms["total"], cpu_ms["gunicorn workers"]),
+            ("run-as helper", "helper", HELPER_GROUPS, HELPER_BUSY, wall_ms["sbatch"], cpu_ms["run-as helper"]),
+        ):
+            wall = function_groups(out / f"{kind}-wall.txt", groups, busy)
+            cpu = function_groups(out / f"{kind}-cpu.txt", groups, busy)
+            names = [name for name, _ in (*groups, ("other", ())) if name in wall or name in cpu]
+            rows = [
+                (name, f"{wall.get(name, 0.0) * wall_total:5.2f} ms wall ({wall.get(name, 0.0):4.0%})  "
+                       f"{cpu.get(name, 0.0) * cpu_total:5.2f} ms CPU ({cpu.get(name, 0.0):4.0%})")
+                for name in names
+            ]
+            rows.append(("all", f"{wall_total:5.2f} ms wall         {cpu_total:5.2f} ms CPU"))
+            table(
+                f"py-spy, {title}: one submit's wall time (one at a time) and CPU (per job at concurrency "
+                f"{CONCURRENCY}, /proc), shared out by {PROFILE_ROUNDS} submits' samples",
+                rows,
+            )
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description="POST /submit against raw sbatch and slurmrestd, side by side.")
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="then sample the gunicorn workers and the run-as helper with py-spy and print where a submit's time goes",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=PLAYBOOK_WORKERS,
+        help=f"gunicorn's sync workers (default {PLAYBOOK_WORKERS}: the playbook's min(2 x CPUs + 1, 9) on this machine)",
+    )
+    args = parser.parse_args()
+    if args.profile:
+        py_spy_binary()  # before the set-up, not after it
     with tempfile.TemporaryDirectory() as tmp, bench_env(Path(tmp), slurm_gpu_limit=0) as env:
         account, job_root = env["account"], Path(env["job_root"])
         give_budget(env["database_url"], account)
         sbatch = raw_sbatch(account, job_root)
         # Server-Timing on: each submit's answer names its stages (api.metrics.stage).
-        with gunicorn(env, workers=4, server_timing="true") as url, slurmrestd(account, job_root) as restd:
+        with gunicorn(env, workers=args.workers, server_timing="true") as url, slurmrestd(account, job_root) as restd:
             stages: dict[str, list[float]] = {}
 
             def api_submit() -> None:
-                headers = {"Idempotency-Key": str(uuid.uuid4())}
-                reply = http("POST", url + "/submit", token=env["token"], body=BODY, headers=headers)
-                if reply.status != 201:
-                    raise RuntimeError(f"submit failed: {reply.status} {reply.body}")
-                for part in reply.headers.get("Server-Timing", "").split(","):
+                status, timing, body = post_submit(url, env["token"])
+                if status != 201:
+                    raise RuntimeError(f"submit failed: {status} {body!r}")
+                for part in timing.split(","):
                     name, _, ms = part.strip().partition(";dur=")
                     if ms:
                         stages.setdefault(name, []).append(float(ms))
@@ -238,14 +395,29 @@ def main() -> None:
                 latencies["api"].append(timed(api_submit))
             breakdown = {name: median(values) for name, values in stages.items()}
             slurm("scancel", f"--account={account}", check=False)
+            master, gunicorn_pids = gunicorn_processes(url)
+            meter = cpu_meter(env, gunicorn_pids, restd)
             seconds = {"raw": 0.0, "restd": 0.0, "api": 0.0}
             for _ in range(BLOCKS):
-                seconds["raw"] += burst_seconds(sbatch, JOBS_PER_BLOCK, CONCURRENCY)
-                seconds["restd"] += restd.burst(JOBS_PER_BLOCK, CONCURRENCY)
-                seconds["api"] += burst_seconds(api_submit, JOBS_PER_BLOCK, CONCURRENCY)
+                with meter.measure("raw"):
+                    seconds["raw"] += burst_seconds(sbatch, JOBS_PER_BLOCK, CONCURRENCY)
+                with meter.measure("restd"):
+                    seconds["restd"] += restd.burst(JOBS_PER_BLOCK, CONCURRENCY)
+                with meter.measure("api"):
+                    seconds["api"] += burst_seconds(api_submit, JOBS_PER_BLOCK, CONCURRENCY)
                 slurm("scancel", f"--account={account}", check=False)
-    jobs = BLOCKS * JOBS_PER_BLOCK
-    rate = {side: jobs / spent for side, spent in seconds.items()}
+            jobs = BLOCKS * JOBS_PER_BLOCK
+            rate = {side: jobs / spent for side, spent in seconds.items()}
+            report(latencies, rate, breakdown, jobs, args.workers)
+            per_job_table(meter, jobs, rate)
+            if args.profile:
+                helper = pids_with_argument(env["runas_socket"])[0]
+                profile(api_submit, master, helper, account, breakdown, dict(meter.per_job_ms("api", jobs)))
+
+
+def report(
+    latencies: dict[str, list[float]], rate: dict[str, float], breakdown: dict[str, float], jobs: int, workers: int
+) -> None:
     p50 = {side: median(values) for side, values in latencies.items()}
 
     def latency(side: str) -> str:
@@ -253,7 +425,7 @@ def main() -> None:
 
     table(
         f"bench/submit ({ROUNDS} interleaved rounds; {jobs} jobs a side at concurrency {CONCURRENCY}, "
-        f"{BLOCKS} alternating blocks)",
+        f"{BLOCKS} alternating blocks; gunicorn with {workers} workers; load average {os.getloadavg()[0]:.1f})",
         [
             ("raw sbatch p50", latency("raw")),
             ("slurmrestd p50", latency("restd")),

@@ -9,9 +9,11 @@ Spend is exact: ledger amounts plus adjustments, in nano-units, unrounded.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import ColumnElement, Select, func, select, text
+from sqlalchemy import BigInteger, ColumnElement, Select, String, bindparam, case, cast, func, select, text
 from sqlalchemy.orm import Session
 
 from billing.calendar import period_of
@@ -21,15 +23,84 @@ from billing.prices import load_prices
 from gpupool.errors import NotFound, PaymentRequired, PriceMissing
 from gpupool.models import Account, Adjustment, Job, LedgerEntry
 
+# The statements of the check a submit runs are built once, their values bound at each
+# execution: SQLAlchemy caches the SQL it compiles, not the statement's objects, and
+# building the lock's anew cost 0.36 ms of CPU on every submit.
+_ACCOUNT = bindparam("account", type_=String)
+_PERIOD = bindparam("period", type_=String)
+_SUBJECT = bindparam("subject", type_=String)
 
-def _spent(account: str, period: str | None = None) -> ColumnElement[int]:
-    """Ledger charges plus adjustments of ``account`` (in ``period``, or ever), as one SQL expression."""
-    ledger = select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(LedgerEntry.account == account)
-    adjustments = select(func.coalesce(func.sum(Adjustment.amount_nanos), 0)).where(Adjustment.account == account)
-    if period is not None:
-        ledger = ledger.where(LedgerEntry.period == period)
-        adjustments = adjustments.where(Adjustment.period == period)
+
+def _spent(period: bool) -> ColumnElement[int]:
+    """Ledger charges plus adjustments of the account (in the period, or ever), as one SQL expression."""
+    ledger = select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(LedgerEntry.account == _ACCOUNT)
+    adjustments = select(func.coalesce(func.sum(Adjustment.amount_nanos), 0)).where(Adjustment.account == _ACCOUNT)
+    if period:
+        ledger = ledger.where(LedgerEntry.period == _PERIOD)
+        adjustments = adjustments.where(Adjustment.period == _PERIOD)
     return ledger.scalar_subquery() + adjustments.scalar_subquery()
+
+
+# What a member's jobs were billed in the period: ledger rows of jobs they submitted (adjustments are the account's).
+_MEMBER_SPENT = (
+    select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0))
+    .where(
+        LedgerEntry.account == _ACCOUNT,
+        LedgerEntry.period == _PERIOD,
+        LedgerEntry.gpupool_job_id.in_(select(Job.id).where(Job.account == _ACCOUNT, Job.owner == _SUBJECT)),
+    )
+    .scalar_subquery()
+)
+# The account's limits and its spend, ever and this period: one statement, one round trip.
+_BALANCE = select(Account.prepaid_credit_nanos, Account.monthly_limit_nanos, _spent(False), _spent(True)).where(
+    Account.name == _ACCOUNT
+)
+# PostgreSQL: FOR NO KEY UPDATE, held until commit. NO KEY, since inserts that
+# reference the account (its jobs, ledger rows) need only KEY SHARE and need
+# not wait. The balance is read by the statement that takes the lock: one
+# round trip, and the check sees the budget as it is now.
+_LOCK = _BALANCE.with_for_update(of=Account, key_share=True)
+_LOCK_WITH_MEMBER = _BALANCE.add_columns(_MEMBER_SPENT).with_for_update(of=Account, key_share=True)
+
+
+def _committed_query() -> Select[int, str | None, bool, bool | None, int]:
+    """The worst case still to come of the account's unfinished API jobs, in a few rows.
+
+    Each job's worst case is its GPU-seconds at the highest price of its type and
+    tier, less what it was billed so far, and never below 0. Jobs not billed yet
+    (most of them: queued) add up, GPU-seconds by type, tier and owner (``mine``:
+    the subject's), since their worst case is linear in them; a billed job stays
+    a row of its own, for its own floor at 0. So an account with thousands of
+    queued jobs costs the check a few rows, not one each.
+    """
+    # The correlated sum reads each job's rows through ix_ledger_gpupool_job.
+    billed = (
+        select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0))
+        .where(LedgerEntry.gpupool_job_id == Job.id)
+        .scalar_subquery()
+    )
+    jobs = (
+        select(
+            (
+                cast(Job.gpus, BigInteger) * func.coalesce(Job.array_size, 1) * Job.time_limit_min * 60
+            ).label("gpu_seconds"),
+            Job.gpu_type,
+            Job.preemptible,
+            (Job.owner == _SUBJECT).label("mine"),
+            billed.label("billed"),
+            Job.id,
+        )
+        .where(Job.account == _ACCOUNT, Job.finished.is_(False), Job.gpus > 0)
+        .subquery()
+    )
+    return select(
+        func.sum(jobs.c.gpu_seconds), jobs.c.gpu_type, jobs.c.preemptible, jobs.c.mine, func.sum(jobs.c.billed)
+    ).group_by(
+        jobs.c.gpu_type, jobs.c.preemptible, jobs.c.mine, case((jobs.c.billed == 0, None), else_=jobs.c.id)
+    )
+
+
+_COMMITTED = _committed_query()
 
 
 @dataclass(frozen=True)
@@ -61,62 +132,67 @@ class Balance:
         }
 
 
-def _balance_query(account: str, now: dt.datetime) -> Select[int | None, int | None, int, int]:
-    """The account's limits and its spend, ever and this month: one statement, one round trip."""
-    return select(
-        Account.prepaid_credit_nanos, Account.monthly_limit_nanos, _spent(account), _spent(account, period_of(now))
-    ).where(Account.name == account)
-
-
-def _read_balance(session: Session, query: Select[int | None, int | None, int, int], account: str) -> Balance:
-    row = session.execute(query).one_or_none()
+def _read_balance(row: Sequence[Any] | None, account: str) -> Balance:
     if row is None:
         raise NotFound(f"no account {account!r}")
-    prepaid, monthly, spent_total, spent_period = row
     return Balance(
-        prepaid_credit_nanos=prepaid,
-        monthly_limit_nanos=monthly,
-        spent_total_nanos=int(spent_total or 0),
-        spent_period_nanos=int(spent_period or 0),
+        prepaid_credit_nanos=row[0],
+        monthly_limit_nanos=row[1],
+        spent_total_nanos=int(row[2] or 0),
+        spent_period_nanos=int(row[3] or 0),
     )
 
 
 def balance(session: Session, account: str, now: dt.datetime) -> Balance:
-    return _read_balance(session, _balance_query(account, now), account)
+    return _read_balance(session.execute(_BALANCE, {"account": account, "period": period_of(now)}).one_or_none(), account)
 
 
 def remaining_nanos(session: Session, account: str, now: dt.datetime) -> int | None:
     return balance(session, account, now).remaining_nanos
 
 
-def _committed_nanos(session: Session, account: str, prices: PriceBook, now: dt.datetime, owner: str | None = None) -> int:
-    """Worst case still to come from the account's (or one member's) unfinished API jobs, net of what is billed."""
-    # One statement; the correlated sum reads each job's rows through ix_ledger_gpupool_job.
-    billed = (
-        select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0))
-        .where(LedgerEntry.gpupool_job_id == Job.id)
-        .scalar_subquery()
-    )
-    query = select(Job.gpus * func.coalesce(Job.array_size, 1), Job.gpu_type, Job.time_limit_min, Job.preemptible, billed).where(
-        Job.account == account, Job.finished.is_(False), Job.gpus > 0
-    )
-    jobs = session.execute(query if owner is None else query.where(Job.owner == owner))
-    return sum(
-        max(0, gpus * time_limit_min * 60 * prices.highest(gpu_type, now, _tier(preemptible)) - int(nanos))
-        for gpus, gpu_type, time_limit_min, preemptible, nanos in jobs
-    )
+@dataclass(frozen=True)
+class Committed:
+    """The worst case still to come of unfinished API jobs: the account's, and of them the member's."""
+
+    account_nanos: int
+    member_nanos: int
+
+
+def _committed(session: Session, account: str, prices: PriceBook, now: dt.datetime, subject: str | None) -> Committed:
+    """Worst case still to come from the account's unfinished API jobs (and ``subject``'s), net of what is billed."""
+    total = mine_total = 0
+    rows = session.execute(_COMMITTED, {"account": account, "subject": subject})
+    for gpu_seconds, gpu_type, preemptible, mine, billed in rows:
+        left = max(0, int(gpu_seconds) * prices.highest(gpu_type, now, _tier(preemptible)) - int(billed))
+        total += left
+        if mine:
+            mine_total += left
+    return Committed(total, mine_total)
 
 
 def _tier(preemptible: bool) -> str:
     return SPOT_TIER if preemptible else NORMAL_TIER
 
 
-def lock_budget(session: Session, account: str, now: dt.datetime) -> Balance:
+@dataclass(frozen=True)
+class BudgetLock:
+    """What ``lock_budget`` read under the lock: the account's balance, and a member's spend this month."""
+
+    account: str
+    balance: Balance
+    member: str | None
+    member_spent_nanos: int
+
+
+def lock_budget(session: Session, account: str, now: dt.datetime, member: str | None = None) -> BudgetLock:
     """Make this transaction the only one checking ``account``'s budget until it ends; the balance, read under it.
 
     Concurrent submits would otherwise all see the same queued jobs and
     together spend past the budget. The caller inserts its job and commits in
     the same transaction, so the next check, let in by that commit, counts it.
+    With ``member``, the same statement reads what that member's jobs were
+    billed this month, for ``check_spend``.
     """
     if session.get_bind().dialect.name == "sqlite":
         # The driver begins transactions lazily, at the first write; taking the
@@ -124,11 +200,11 @@ def lock_budget(session: Session, account: str, now: dt.datetime) -> Balance:
         # (busy timeout). A transaction that already wrote holds that lock anyway.
         if not session.connection().connection.driver_connection.in_transaction:  # type: ignore[union-attr]
             session.execute(text("BEGIN IMMEDIATE"))
-    # PostgreSQL: FOR NO KEY UPDATE, held until commit. NO KEY, since inserts that
-    # reference the account (its jobs, ledger rows) need only KEY SHARE and need
-    # not wait. The balance is read by the statement that takes the lock: one
-    # round trip, and the check sees the budget as it is now.
-    return _read_balance(session, _balance_query(account, now).with_for_update(of=Account, key_share=True), account)
+    values = {"account": account, "period": period_of(now), "subject": member}
+    row = session.execute(_LOCK if member is None else _LOCK_WITH_MEMBER, values).one_or_none()
+    found = _read_balance(row, account)
+    assert row is not None
+    return BudgetLock(account, found, member, 0 if member is None else int(row[4] or 0))
 
 
 @dataclass(frozen=True)
@@ -154,7 +230,7 @@ def worst_case(
     tasks: int = 1,
     preemptible: bool = False,
 ) -> WorstCase:
-    """The worst case ``check_submit`` holds a job to, and a quote shows: one computation for both.
+    """The worst case ``check_spend`` holds a job to, and a quote shows: one computation for both.
 
     With no GPU type asked for, the job may land on any, so the highest price of any type counts;
     each of an array's tasks may run to its limit; a spot job counts at the spot price.
@@ -166,9 +242,9 @@ def worst_case(
         return WorstCase(gpu_seconds, None, exc)
 
 
-def check_submit(
+def check_spend(
     session: Session,
-    account: str,
+    lock: BudgetLock,
     *,
     gpus: int,
     gpu_type: str | None,
@@ -177,101 +253,85 @@ def check_submit(
     now: dt.datetime,
     tasks: int = 1,
     preemptible: bool = False,
+    member_limit_nanos: int | None = None,
 ) -> None:
-    """Raise PaymentRequired unless the account's budget covers this job's worst case.
+    """Raise PaymentRequired unless the job's worst case fits the member's monthly limit (when given), then the account's budget.
 
     The worst case is GPUs x time limit x price (x tasks, for an array job: each
     task may run to its limit), at the highest price of any type when no type
     is asked for, and at the spot price for a preemptible job; jobs already
     queued or running count with their own worst case, less what they have been
-    billed so far. (Each run of a requeued spot job may use its whole time limit
-    again, so a preempted job can spend past this check; the account's Slurm
-    budget, at the dearest price, still stops it.)
-    Holds the account's budget lock (``lock_budget``) until the caller's
-    transaction ends: insert the job row and commit in that transaction.
+    billed so far (for the member, their own jobs, beside their month's spend).
+    (Each run of a requeued spot job may use its whole time limit again, so a
+    preempted job can spend past this check; the account's Slurm budget, at the
+    dearest price, still stops it.) One read of the prices and one of the
+    unfinished jobs serve both checks.
+    Runs under ``lock``, which the caller's transaction holds until it ends:
+    insert the job row and commit in that transaction.
     """
-    remaining = lock_budget(session, account, now).remaining_nanos
+    account = lock.account
+    prices: PriceBook | None = None
+    committed: Committed | None = None
+
+    def worst() -> tuple[int, Committed]:
+        nonlocal prices, committed
+        if prices is None:
+            prices = load_prices(session)
+        cost = worst_case(
+            prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now, tasks=tasks, preemptible=preemptible
+        )
+        if cost.amount_nanos is None:
+            raise cost.price_missing or PriceMissing(f"no price for GPU type {gpu_type!r}")
+        if committed is None:
+            committed = _committed(session, account, prices, now, lock.member)
+        return cost.amount_nanos, committed
+
+    if member_limit_nanos is not None:
+        if lock.member is None:
+            raise ValueError("a member's limit is checked under a lock taken for that member")
+        required, queued = worst()
+        spent = lock.member_spent_nanos
+        left = member_limit_nanos - spent - queued.member_nanos
+        if required > left:
+            raise PaymentRequired(
+                f"this job could cost up to {format_nanos(required)} {currency}, but your own monthly limit in "
+                f"account {account} is {format_nanos(member_limit_nanos)} {currency} and {format_nanos(max(left, 0))} "
+                "of it is left after this month's spend and your queued and running jobs",
+                code="member_budget",
+                limit=format_nanos(member_limit_nanos),
+                spent_this_month=format_nanos(spent),
+                remaining=format_nanos(max(left, 0)),
+                required=format_nanos(required),
+                currency=currency,
+            )
+    remaining = lock.balance.remaining_nanos
     if remaining is None:
         return
-    left = remaining
-    if left <= 0:
+    if remaining <= 0:
         raise PaymentRequired(
-            f"account {account} has no budget left ({format_nanos(left)} {currency}); "
+            f"account {account} has no budget left ({format_nanos(remaining)} {currency}); "
             "ask your operator for more credit or a higher monthly limit",
-            remaining=format_nanos(left),
+            remaining=format_nanos(remaining),
             required=None,
             currency=currency,
         )
     if gpus <= 0:
         return
-    prices = load_prices(session)
-    cost = worst_case(
-        prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now, tasks=tasks, preemptible=preemptible
-    )
-    if cost.unit_price_nanos is None:
-        raise cost.price_missing or PriceMissing(f"no price for GPU type {gpu_type!r}")
-    worst = cost.gpu_seconds * cost.unit_price_nanos
-    left -= _committed_nanos(session, account, prices, now)
-    if worst > left:
+    required, queued = worst()
+    left = remaining - queued.account_nanos
+    if required > left:
         shape = f"{tasks} task(s) x " if tasks > 1 else ""
         raise PaymentRequired(
-            f"this job could cost up to {format_nanos(worst)} {currency} "
+            f"this job could cost up to {format_nanos(required)} {currency} "
             f"({shape}{gpus} GPU(s) x {time_limit_min} min), but account {account} has "
             f"{format_nanos(max(left, 0))} {currency} left after its queued and running jobs; "
             "ask for fewer GPUs or a shorter time limit",
             remaining=format_nanos(max(left, 0)),
-            required=format_nanos(worst),
+            required=format_nanos(required),
             currency=currency,
         )
 
 
 def member_spent_nanos(session: Session, account: str, subject: str, period: str) -> int:
     """What the member's jobs were billed in ``period``: ledger rows of jobs they submitted (adjustments are the account's)."""
-    their_jobs = select(Job.id).where(Job.account == account, Job.owner == subject)
-    spent = session.scalar(
-        select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(
-            LedgerEntry.account == account, LedgerEntry.period == period, LedgerEntry.gpupool_job_id.in_(their_jobs)
-        )
-    )
-    return int(spent or 0)
-
-
-def check_member_spend(
-    session: Session,
-    account: str,
-    subject: str,
-    limit_nanos: int,
-    *,
-    gpus: int,
-    gpu_type: str | None,
-    time_limit_min: int,
-    currency: str,
-    now: dt.datetime,
-    tasks: int = 1,
-    preemptible: bool = False,
-) -> None:
-    """402 unless the member's own monthly limit covers this job's worst case beside their month's spend and queued jobs.
-
-    The caller holds the account's budget lock (``lock_budget``), as for the account's own check.
-    """
-    prices = load_prices(session)
-    cost = worst_case(
-        prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now, tasks=tasks, preemptible=preemptible
-    )
-    if cost.amount_nanos is None:
-        raise cost.price_missing or PriceMissing(f"no price for GPU type {gpu_type!r}")
-    spent = member_spent_nanos(session, account, subject, period_of(now))
-    committed = _committed_nanos(session, account, prices, now, owner=subject)
-    left = limit_nanos - spent - committed
-    if cost.amount_nanos > left:
-        raise PaymentRequired(
-            f"this job could cost up to {format_nanos(cost.amount_nanos)} {currency}, but your own monthly limit in "
-            f"account {account} is {format_nanos(limit_nanos)} {currency} and {format_nanos(max(left, 0))} of it is left "
-            "after this month's spend and your queued and running jobs",
-            code="member_budget",
-            limit=format_nanos(limit_nanos),
-            spent_this_month=format_nanos(spent),
-            remaining=format_nanos(max(left, 0)),
-            required=format_nanos(cost.amount_nanos),
-            currency=currency,
-        )
+    return int(session.scalar(select(_MEMBER_SPENT), {"account": account, "subject": subject, "period": period}) or 0)

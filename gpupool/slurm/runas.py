@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -687,8 +688,11 @@ class _Handler(socketserver.BaseRequestHandler):
             log.warning("could not answer %s: %s", reply.get("outcome"), exc)
 
 
-class RunasServer(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
+class RunasServer(socketserver.UnixStreamServer):
+    # Connections past runas_max_connections wait in the listen queue for a slot
+    # (BUSY_WAIT_S). socketserver's backlog of 5 would refuse the sixth waiting
+    # caller at connect() instead (EAGAIN: the API's 503 runas_unavailable).
+    request_queue_size = 128
 
     def __init__(self, socket_path: str, actions: DirectTenantActions, allowed_uids: Iterable[int], group_gid: int) -> None:
         self.actions = actions
@@ -698,6 +702,9 @@ class RunasServer(socketserver.ThreadingUnixStreamServer):
         self.request_timeout_s = settings.runas_timeout_s
         self.max_connections = settings.runas_max_connections
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        # One thread per slot, each serving request after request: starting a thread
+        # for every connection cost the helper more CPU than reading and checking its request.
+        self._threads = ThreadPoolExecutor(max_workers=self.max_connections, thread_name_prefix="runas")
         path = Path(socket_path)
         path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         os.chown(path.parent, 0, group_gid)
@@ -718,16 +725,24 @@ class RunasServer(socketserver.ThreadingUnixStreamServer):
             self._refuse_busy(request)
             return
         try:
-            super().process_request(request, client_address)
+            self._threads.submit(self._serve, request, client_address)
         except BaseException:
             self._slots.release()
+            self.shutdown_request(request)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _serve(self, request: Any, client_address: Any) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:  # as socketserver does: log it, serve the next
+            self.handle_error(request, client_address)
         finally:
+            self.shutdown_request(request)
             self._slots.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     def _refuse_busy(self, request: socket.socket) -> None:
         message = f"the run-as helper is busy: {self.max_connections} requests in progress; try again"

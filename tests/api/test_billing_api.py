@@ -17,8 +17,8 @@ from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
 from gpupool.clock import FrozenClock
 from gpupool.config import Settings
-from gpupool.models import Account
-from tests.conftest import SUITE_NOW, bearer
+from gpupool.models import Account, Job
+from tests.conftest import SUITE_NOW, bearer, new_uuid
 from tests.support.sacct_dumps import as_pass_output
 from tests.support.services import TENANT_PREFIX
 
@@ -158,3 +158,53 @@ def test_submit_is_402_when_the_budget_is_spent_or_the_worst_case_does_not_fit(
         assert fits.status_code == 201, fits.get_json()
     third = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "time_limit_min": 60})
     assert third.status_code == 402
+
+
+def unfinished_job(session_factory: sessionmaker, account: str, slurm_job_id: int | None, time_limit_min: int) -> str:
+    """A 1-GPU job's row as the refresher last left it: RUNNING (or PENDING), not finished."""
+    job_id = new_uuid()
+    created = utc(day(1, "00:00:00"))
+    with session_factory() as session, session.begin():
+        session.add(
+            Job(
+                id=job_id, account=account, owner="alice", name="queued", template="hello", params={}, gpus=1,
+                gpu_type=None, cpus=1, mem_gb=4, time_limit_min=time_limit_min, job_dir=f"/nonexistent/{job_id}",
+                request_hash="0" * 64, slurm_job_id=slurm_job_id, state="PENDING" if slurm_job_id is None else "RUNNING",
+                finished=False, submitted_at=created, submit_attempted_at=created, created_at=created, updated_at=created,
+            )
+        )
+    return job_id
+
+
+def test_queued_jobs_count_their_worst_case_less_what_is_billed_and_never_below_nothing(
+    client: FlaskClient, priced: None, settings: Settings, account: str, session_factory: sessionmaker, tmp_path: Path
+) -> None:
+    # Billed 30 min of their runs (0.216 each), their rows not yet finished by a refresh: one with a
+    # 60 min limit (0.432 worst case, 0.216 still to come), one with 10 min, billed past its 0.072.
+    unfinished_job(session_factory, account, 911, time_limit_min=60)
+    unfinished_job(session_factory, account, 912, time_limit_min=10)
+    for _ in range(2):
+        unfinished_job(session_factory, account, None, time_limit_min=60)  # queued, nothing billed: 0.432 each
+    lines = [
+        "|".join(SACCT_FIELDS),
+        *(
+            f"gpupool|{slurm_id}|{slurm_id}|{account}|{TENANT_PREFIX}{account}|COMPLETED|{day(3, '10:00:00')}|"
+            f"{day(3, '10:00:00')}|{day(3, '10:30:00')}|1800|gres/gpu:rtx4090=1,gres/gpu=1|queued"
+            for slurm_id in (911, 912)
+        ),
+    ]
+    dump = tmp_path / "month.psv"
+    dump.write_text(as_pass_output(lines))
+    passes.replay(session_factory, settings.replace(billing_archive_dir=str(tmp_path / "archive")), dump)
+    # Spent 0.432; still to come 0.216 + 0 + 2 x 0.432 = 1.08; a 1-GPU hour asks for 0.432 more.
+    headers = bearer(settings, account)
+    one_gpu_hour = {"template": "hello", "gpus": 1, "time_limit_min": 60, "params": {"seconds": 0}}
+    with session_factory() as session, session.begin():
+        session.get(Account, account).prepaid_credit_nanos = 1_943_000_000  # type: ignore[union-attr]
+    short = client.post("/submit", headers=headers, json=one_gpu_hour)
+    assert short.status_code == 402
+    assert (short.get_json()["remaining"], short.get_json()["required"]) == ("0.431", "0.432")
+    with session_factory() as session, session.begin():
+        session.get(Account, account).prepaid_credit_nanos = 1_944_000_000  # type: ignore[union-attr]
+    fits = client.post("/submit", headers=headers, json=one_gpu_hour)
+    assert fits.status_code == 201, fits.get_json()

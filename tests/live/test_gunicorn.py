@@ -74,6 +74,34 @@ def test_rate_limit_storage_down_fails_closed(
     assert slurm_cmd("squeue", "-h", f"--account={slurm_account}").strip() == ""
 
 
+def test_a_submit_records_slurms_job_id_on_its_row_before_it_answers(
+    start_server: Callable[..., Server], settings: Settings, slurm_account: str
+) -> None:
+    """The row a worker's own connection wrote (in autocommit, past the request's transaction), read before any GET refreshes it."""
+    server = start_server()
+    token = token_for(settings, slurm_account)
+    headers = {"Idempotency-Key": secrets.token_hex(8)}
+    body = {**HELLO, "params": {"seconds": 60}}
+    submitted = http("POST", server.url + "/submit", token=token, body=body, headers=headers)
+    assert submitted.status == 201, submitted.body
+    job_id, slurm_job_id = submitted.body["job_id"], submitted.body["slurm_job_id"]
+    try:
+        engine = db.make_engine(settings.database_url)
+        with engine.connect() as connection:
+            row = connection.execute(
+                text("SELECT slurm_job_id, state, submitted_at IS NOT NULL FROM jobs WHERE id = :id"), {"id": job_id}
+            ).one()
+        engine.dispose()
+        assert tuple(row) == (slurm_job_id, "PENDING", True)
+        assert slurm_cmd("squeue", "-h", "-j", str(slurm_job_id), "-o", "%k").strip() == f"gpupool:{job_id}"
+        # The same key again: the same job, from that row, and no second one in Slurm.
+        again = http("POST", server.url + "/submit", token=token, body=body, headers=headers)
+        assert (again.status, again.headers.get("Idempotent-Replayed"), again.body["slurm_job_id"]) == (201, "true", slurm_job_id)
+        assert slurm_cmd("squeue", "-h", f"--account={slurm_account}", "-o", "%k").split().count(f"gpupool:{job_id}") == 1
+    finally:
+        http("DELETE", f"{server.url}/jobs/{job_id}", token=token)
+
+
 def test_slurm_calls_do_not_grow_with_pollers(
     start_server: Callable[..., Server], settings: Settings, slurm_account: str, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ import shutil
 import socket
 import struct
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -327,6 +328,28 @@ def test_connections_beyond_the_bound_are_refused_until_one_ends(job_root: Path,
         for holder in holders:
             holder.close()
         wait_for(lambda: _pings(client), what="the helper to serve again once its callers left")
+
+
+def test_a_burst_of_callers_waits_for_a_slot_instead_of_being_refused_at_connect(runas_socket: str, job_root: Path) -> None:
+    """More callers at once than the helper has slots (16) or than socketserver's default listen queue held (5)."""
+    client = helper_client(runas_socket, job_root)
+    callers = 40
+    start = threading.Barrier(callers)
+    refusals: list[str] = []
+
+    def ping() -> None:
+        start.wait()
+        try:
+            client.ping()
+        except RunasUnavailable as exc:
+            refusals.append(exc.message)  # list.append is atomic
+
+    threads = [threading.Thread(target=ping) for _ in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert refusals == []
 
 
 def _pings(client: RunasClient) -> bool:

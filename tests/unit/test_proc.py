@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from gpupool.errors import (
     CommandTimedOut,
     SlurmUnavailable,
 )
-from gpupool.proc import minimal_env, run_command
+from gpupool.proc import RunAs, minimal_env, run_command
 
 SH = "/bin/sh"
 ENV = shutil.which("env") or "/usr/bin/env"
@@ -152,3 +153,35 @@ def test_minimal_env_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_explicit_env_is_used_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FOO_SECRET", "hunter2")
     assert _child_env(env={"ONLY": "this"}) == {"ONLY": "this"}
+
+
+NOBODY = RunAs(uid=65534, gid=65534, umask=0o027)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a command as another user")
+
+
+@needs_root
+def test_run_as_is_that_user_for_good_with_no_other_group() -> None:
+    script = "grep -E '^(Uid|Gid|Groups):' /proc/self/status; umask"
+    lines = run_command([SH, "-c", script], timeout_s=5, run_as=NOBODY).stdout.splitlines()
+    # Real, effective, saved and filesystem ids: nothing left to switch back to root with.
+    assert [line.split() for line in lines] == [
+        ["Uid:", "65534", "65534", "65534", "65534"],
+        ["Gid:", "65534", "65534", "65534", "65534"],
+        ["Groups:"],
+        ["0027"],
+    ]
+
+
+@needs_root
+def test_run_as_a_missing_command_is_not_found() -> None:
+    with pytest.raises(CommandNotFound) as info:
+        run_command(["/nonexistent/gpupool-no-such-binary"], timeout_s=5, run_as=NOBODY)
+    assert (info.value.returncode, info.value.stderr) == (127, "/nonexistent/gpupool-no-such-binary: command not found")
+
+
+@needs_root
+def test_run_as_keeps_the_commands_own_failure() -> None:
+    with pytest.raises(CommandFailed) as info:
+        run_command([SH, "-c", "echo 'setpriv: failed to execute nothing' >&2; exit 127"], timeout_s=5, run_as=NOBODY)
+    assert not isinstance(info.value, CommandNotFound)
+    assert (info.value.returncode, info.value.stderr) == (127, "setpriv: failed to execute nothing\n")
