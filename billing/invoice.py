@@ -1,18 +1,21 @@
 """Invoices: one CSV line per job run per period, adjustment lines, then the total.
 
-A job line carries ``end_reason`` when gpupool itself ended the job (idle GPUs
-past the policy's grace, an idle session): on the line of the run it ended,
-the one whose end is the job's ``ended_at``, so an earlier run of a requeued
-job or the earlier month of a run across a month's end shows none. It is the
-last column, so readers that go by the header, or by position up to
-``currency``, read the rest as before.
+A job line carries its price ``tier`` (``normal``, or ``spot`` for a
+preemptible run at the spot price), and ``end_reason`` when gpupool itself
+ended the job (idle GPUs past the policy's grace, an idle session): on the
+line of the run it ended, the one whose end is the job's ``ended_at``, so an
+earlier run of a requeued job or the earlier month of a run across a month's
+end shows none. Both come after ``currency``, so readers that go by the
+header, or by position up to ``currency``, read the rest as before.
 
 Lines come from one GROUP BY streamed off a server-side cursor, so memory
 stays flat however many lines an invoice has. A line groups a run's ledger
-rows of one GPU type and one unit price (a price change mid-run gives the
-run a second line). Its amount is rounded once (``billing.money``), and the
-total is the sum of the rounded lines. Order is fixed: job lines by cluster,
-Slurm job id, run start, GPU type and price; adjustments by time.
+rows of one GPU type, one unit price and one tier (a price change mid-run
+gives the run a second line, and so does a spot run billed at the full price
+until the spot tier's first price, even when that price is the same). Its
+amount is rounded once (``billing.money``), and the total is the sum of the
+rounded lines. Order is fixed: job lines by cluster, Slurm job id, run start,
+GPU type, price and tier; adjustments by time.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ INVOICE_COLUMNS = (
     "unit_price",
     "amount",
     "currency",
+    "tier",
     "end_reason",
 )
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP, CSV injection).
@@ -86,7 +90,7 @@ def _utc_texts(dialect: str, start: Any, seconds: Any) -> tuple[Any, Any]:
 
 
 def job_line_groups(connection: Connection, account: str, period: str) -> Iterator[Sequence[Any]]:
-    """Per job run, type and price: ids, name, GPUs, start, end, net seconds, GPU-seconds, price, nanos.
+    """Per job run, type, price and tier: ids, name, GPUs, start, end, net seconds, GPU-seconds, price, tier, nanos.
 
     A run's usage within one period is one contiguous span, so it ends at
     start + net seconds (correction rows included).
@@ -106,13 +110,14 @@ def job_line_groups(connection: Connection, account: str, period: str) -> Iterat
             seconds,
             cast(func.sum(entry.gpu_seconds), BigInteger),
             entry.unit_price_nanos,
+            entry.tier,
             cast(func.sum(entry.amount_nanos), BigInteger),
         )
         .where(entry.account == account, entry.period == period)
-        .group_by(entry.cluster, entry.job_id_raw, entry.run_start, entry.gpu_type, entry.unit_price_nanos)
-        # The grouping order itself, which ix_ledger_invoice holds: PostgreSQL streams
+        .group_by(entry.cluster, entry.job_id_raw, entry.run_start, entry.gpu_type, entry.unit_price_nanos, entry.tier)
+        # The grouping order itself, which ix_ledger_invoice_tier holds: PostgreSQL streams
         # groups straight off the index, with no sort, while this process writes them.
-        .order_by(entry.cluster, entry.job_id_raw, entry.run_start, entry.gpu_type, entry.unit_price_nanos)
+        .order_by(entry.cluster, entry.job_id_raw, entry.run_start, entry.gpu_type, entry.unit_price_nanos, entry.tier)
     )
     if connection.dialect.name == "postgresql":
         # A named (server-side) cursor straight from psycopg2: the Result layer would
@@ -152,7 +157,7 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
     reasons = end_reasons(connection, account, period)
     for partition in job_line_groups(connection, account, period):
         batch = []
-        for gpupool_id, slurm_id, name, gpu_type, gpus, start, end, seconds, gpu_seconds, price, nanos in partition:
+        for gpupool_id, slurm_id, name, gpu_type, gpus, start, end, seconds, gpu_seconds, price, tier, nanos in partition:
             cents = round_to_cents(nanos)
             totals.cents += cents
             totals.billed_seconds += seconds
@@ -163,7 +168,8 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
             batch.append(
                 (
                     "job", gpupool_id or "", slurm_id, spreadsheet_text(name), spreadsheet_text(gpu_type), gpus,
-                    start, end, seconds, gpu_seconds, unit, format_cents(cents), currency,
+                    # A tier is one the operator priced (``gpupool price set --tier``), never tenant text.
+                    start, end, seconds, gpu_seconds, unit, format_cents(cents), currency, tier,
                     spreadsheet_text(reasons.get((gpupool_id, end), "")) if gpupool_id else "",
                 )
             )
@@ -178,8 +184,8 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
     for adjustment_id, created_at, reason, nanos in adjustments:
         cents = round_to_cents(int(nanos))
         totals.cents += cents
-        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", utc_text(created_at), "", "", "", "", format_cents(cents), currency, ""))
-    batch.append(("total", "", "", "", "", "", "", "", totals.billed_seconds, totals.gpu_seconds, "", format_cents(totals.cents), currency, ""))
+        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", utc_text(created_at), "", "", "", "", format_cents(cents), currency, "", ""))
+    batch.append(("total", "", "", "", "", "", "", "", totals.billed_seconds, totals.gpu_seconds, "", format_cents(totals.cents), currency, "", ""))
     yield batch
 
 

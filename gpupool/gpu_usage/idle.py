@@ -21,9 +21,14 @@ pass:
 
 A pass runs alone: it holds a PostgreSQL advisory lock (``gpupool.db.locks``)
 from before it reads the jobs until its last commit, so two passes at once (a
-timer on two API hosts, a slow pass and the next) never both send job.idle or
-both cancel; the second finds the lock held and does nothing
-(``CheckResult.skipped``). SQLite has no such lock: see ``locks.alone``.
+timer on two API hosts, a slow pass and the next) do not both do the work; the
+second finds the lock held and does nothing (``CheckResult.skipped``). SQLite
+has no such lock (``locks.alone``), and there two passes can both decide, each
+from the rows it read at its start. So the notice and the cancel are each
+claimed on the job's row (``_claim``: an UPDATE that only changes a row where
+``idle_notified_at``, or ``idle_cancelled_at``, is still NULL), and only the
+pass whose UPDATE changed the row sends job.idle or cancels: once, on any
+database.
 
 ``scontrol``'s answer holds every tenant's free text, so a running record is
 believed for a gpupool job only when its account is the job's, its user that
@@ -55,8 +60,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from gpupool.clock import utc_text
 from gpupool.config import Settings
@@ -338,6 +344,27 @@ def email_text(job: Job, policy: Policy, verdict: Verdict, now: dt.datetime) -> 
     return subject, body
 
 
+def _claim(session: Session, job: Job, values: Mapping[str, Any], *unset: str) -> bool:
+    """Write ``values`` to the job's row if each of its ``unset`` columns is still NULL there; whether it did.
+
+    The database decides, not the row this pass read: of two passes that both
+    read NULL, one UPDATE changes the row and the other finds it changed (on
+    PostgreSQL it waits for the first to commit, then reads the row again). The
+    claim is in the pass's transaction, so a rollback lets go of it.
+    """
+    claimed = session.execute(
+        update(Job)
+        .where(Job.id == job.id, *(getattr(Job, column).is_(None) for column in unset))
+        .values(dict(values))
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(claimed, "rowcount", 0) != 1:
+        return False
+    for column, value in values.items():
+        set_committed_value(job, column, value)  # what the row holds now, with nothing left to flush
+    return True
+
+
 def _notify(session: Session, settings: Settings, job: Job, policy: Policy, verdict: Verdict, gpus: Sequence[GpuKey], now: dt.datetime) -> None:
     enqueue_job_event(session, job, JOB_IDLE, now, _notice_data(policy, verdict, gpus, now))
     alert = session.get(AlertSettings, job.account)
@@ -350,7 +377,6 @@ def _notify(session: Session, settings: Settings, job: Job, policy: Policy, verd
                 attempts=0, next_attempt_at=now, created_at=now,
             )
         )
-    job.idle_notified_at = now
 
 
 def _end_session(session: Session, job: Job, now: dt.datetime) -> None:
@@ -424,17 +450,26 @@ def _check(session: Session, settings: Settings, slurm: SlurmClient, now: dt.dat
         step = next_step(verdict, policy, job.idle_notified_at, job.idle_cancelled_at, now)
         job.idle_since = verdict.under_since if verdict.idle else None
         if step == NOTIFY:
-            log.info("job %s (Slurm %s) idle since %s: job.idle sent", job.id, job.slurm_job_id, verdict.under_since)
-            _notify(session, settings, job, policy, verdict, gpus, now)
-            result.notified.append(job.id)
+            if _claim(session, job, {"idle_notified_at": now}, "idle_notified_at"):
+                log.info("job %s (Slurm %s) idle since %s: job.idle sent", job.id, job.slurm_job_id, verdict.under_since)
+                _notify(session, settings, job, policy, verdict, gpus, now)
+                result.notified.append(job.id)
+            else:
+                log.info("job %s (Slurm %s): another pass sent job.idle first", job.id, job.slurm_job_id)
         elif step == REARM:
             job.idle_notified_at = None
             result.rearmed.append(job.id)
         elif step == CANCEL and job.end_reason is None:  # else gpupool ended it already (an idle session), and said why
-            log.info("job %s (Slurm %s) idle past its grace: cancelling it as its tenant", job.id, job.slurm_job_id)
-            if _cancel(slurm, job):
-                job.idle_cancelled_at = now
-                job.end_reason = cancel_reason(policy)
+            # Claimed before scancel and kept only if scancel succeeds; end_reason in the claim too, in case the
+            # session sweep ended the job since this pass read it.
+            values = {"idle_cancelled_at": now, "end_reason": cancel_reason(policy)}
+            if not _claim(session, job, values, "idle_cancelled_at", "end_reason"):
+                log.info("job %s (Slurm %s): another pass ended it first", job.id, job.slurm_job_id)
+            else:
+                log.info("job %s (Slurm %s) idle past its grace: cancelling it as its tenant", job.id, job.slurm_job_id)
+                if not _cancel(slurm, job):
+                    session.rollback()  # the claim too: a later pass tries again
+                    continue
                 _end_session(session, job, now)
                 result.cancelled.append(job.id)
         session.commit()  # each job's decision stands on its own: a cancel is never left unrecorded by a later one

@@ -79,7 +79,8 @@ class LedgerEntry(Base):
         ),
         # Invoices group and order by exactly these columns: an index scan with no sort.
         Index(
-            "ix_ledger_invoice", "account", "period", "cluster", "job_id_raw", "run_start", "gpu_type", "unit_price_nanos"
+            "ix_ledger_invoice_tier",
+            "account", "period", "cluster", "job_id_raw", "run_start", "gpu_type", "unit_price_nanos", "tier",
         ),
         Index("ix_ledger_gpupool_job", "gpupool_job_id"),
     )

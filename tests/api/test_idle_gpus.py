@@ -7,7 +7,9 @@ the test. The check passes run with a clock the test advances a minute at a
 time; Slurm, the run-as helper, scancel and sacct are real.
 
 Two passes at once need two connections, which a test's rolled-back
-transaction cannot give: that test makes a database of its own.
+transaction cannot give: those tests make a database of their own, on
+PostgreSQL (where the advisory lock keeps passes apart) and on SQLite (where
+the claim on the job's row does).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,21 +91,29 @@ def watched(session_factory: sessionmaker, account: str) -> str:
     return watch(session_factory, account)
 
 
-@pytest.fixture
-def own_database(slurm_account: str) -> Iterator[tuple[str, sessionmaker]]:
-    """A database of the test's own (its URL, and sessions on it that commit for real), the session's account watched."""
-    name = f"gpupool_idle_{secrets.token_hex(4)}"
-    url = create_database(name)
+@pytest.fixture(params=["postgresql", "sqlite"])
+def own_database(request: pytest.FixtureRequest, slurm_account: str, tmp_path: Path) -> Iterator[tuple[str, str, sessionmaker]]:
+    """A database of the test's own: its backend, its URL, and sessions on it that commit for real; the session's
+    account watched. SQLite is a file, as ``make run`` keeps it."""
+    name = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/idle.db"
+    else:
+        name = f"gpupool_idle_{secrets.token_hex(4)}"
+        url = create_database(name)  # migrated
     engine = db.make_engine(url)
     try:
+        if name is None:
+            db.upgrade(engine)
         factory = db.make_session_factory(engine)
         add_account_row(factory, slurm_account)
         watch(factory, slurm_account)
-        yield url, factory
+        yield request.param, url, factory
     finally:
         cancel_account_jobs(slurm_account)
         engine.dispose()
-        drop_database(name)
+        if name is not None:
+            drop_database(name)
 
 
 def running_job(client: FlaskClient, auth: dict[str, str], body: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
@@ -327,10 +338,16 @@ def two_passes_at_once(factory: sessionmaker, settings: Settings, slurm: SlurmCl
 
 
 def test_two_passes_at_once_send_one_job_idle_and_cancel_once(
-    own_database: tuple[str, sessionmaker], slurm_account: str, idle_settings: Settings, slurm: SlurmClient, exporter: FakeNodeExporter,
+    own_database: tuple[str, str, sessionmaker], slurm_account: str, idle_settings: Settings, slurm: SlurmClient,
+    exporter: FakeNodeExporter,
 ) -> None:
-    """Two passes overlap (a timer on two API hosts) at the window and past the grace: one acts, the other does nothing."""
-    url, factory = own_database
+    """Two passes overlap (a timer on two API hosts, a manual pass beside the timer's) at the window and past the grace.
+
+    On PostgreSQL the held pass holds the advisory lock and the other does nothing. SQLite has no such lock: both
+    decide, the held one from the job's row as it read it before the other ran whole, and only the pass whose
+    claim on the row changed it (the other) sends job.idle, then cancels.
+    """
+    backend, url, factory = own_database
     settings = idle_settings.replace(database_url=url)
     client = create_app_for_tests(settings, slurm, factory).test_client()
     auth = bearer(settings, slurm_account)
@@ -340,22 +357,35 @@ def test_two_passes_at_once_send_one_job_idle_and_cancel_once(
     start = utcnow()
     assert [result.notified for result in passes(factory, settings, slurm, start, range(WINDOW_MIN))] == [[], [], []]
 
-    held, other = two_passes_at_once(factory, settings, slurm, start + dt.timedelta(minutes=WINDOW_MIN))
+    def overlap(at: dt.datetime) -> tuple[CheckResult, CheckResult, dt.datetime]:
+        """(the pass that acted, the one that did not, the acting pass's clock), the held pass's clock at ``at``."""
+        held, other = two_passes_at_once(factory, settings, slurm, at)
+        if backend == "postgresql":
+            assert (held.skipped, other.skipped, other.jobs, other.samples) == (False, True, 0, 0)
+            return held, other, at
+        assert (held.skipped, held.jobs, held.samples, other.skipped) == (False, 1, 2, False)
+        return other, held, at + dt.timedelta(seconds=1)
+
+    acted, not_acted, notified_at = overlap(start + dt.timedelta(minutes=WINDOW_MIN))
+    assert (acted.notified, not_acted.notified) == ([job_id], [])
     assert len(idle_events(factory, job_id)) == 1
     with factory() as session:
         assert len(session.scalars(select(EmailOutbox.id).where(EmailOutbox.account == slurm_account)).all()) == 1
-    assert (held.skipped, held.notified) == (False, [job_id])
-    assert (other.skipped, other.jobs, other.samples, other.notified) == (True, 0, 0, [])
+        row = session.get(Job, job_id)
+        assert row is not None and row.idle_notified_at == notified_at
 
     (in_grace,) = passes(factory, settings, slurm, start, range(WINDOW_MIN + 1, WINDOW_MIN + 2))
-    assert (in_grace.skipped, in_grace.notified, in_grace.cancelled) == (False, [], [])  # the lock was let go
-    held, other = two_passes_at_once(factory, settings, slurm, start + dt.timedelta(minutes=WINDOW_MIN + GRACE_MIN))
-    assert held.cancelled + other.cancelled == [job_id]
-    assert (held.cancelled, other.skipped) == ([job_id], True)
+    assert (in_grace.skipped, in_grace.notified, in_grace.cancelled) == (False, [], [])  # any lock was let go
+    # Both passes past the grace, counted from the notice: each, alone, would cancel.
+    acted, not_acted, cancelled_at = overlap(notified_at + dt.timedelta(minutes=GRACE_MIN))
+    assert (acted.cancelled, not_acted.cancelled) == ([job_id], [])
     ended = wait_for_state(client, job_id, auth, {"CANCELLED"}, timeout_s=60)
     assert ended["end_reason"].startswith(f"idle: every GPU under {THRESHOLD_PCT}% for {WINDOW_MIN} min")
     assert sacct_row(job["slurm_job_id"], "JobID,State")["State"].startswith("CANCELLED")
     assert len(idle_events(factory, job_id)) == 1
+    with factory() as session:
+        row = session.get(Job, job_id)
+        assert row is not None and row.idle_cancelled_at == cancelled_at
 
 
 def forge_in_comment(victim: int, account: str, idle: list[int], forger: str) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy import func, select, text
 from bench.synthetic_sacct import sacct_dump, synthetic_jobs
 from billing.money import format_nanos
 from billing.sacct import PASS_FIELDS, SACCT_FIELDS
-from gpupool.models import Adjustment, BillingPass, Job
+from gpupool.models import Adjustment, BillingPass, Job, LedgerEntry
 from tests.billing.conftest import RTX3090_NANOS, RTX4090_NANOS, LedgerDb
 from tests.conftest import wait_for
 from tests.support.sacct_dumps import as_pass_output
@@ -112,16 +112,17 @@ def test_invoice_csv_lines_adjustments_and_exact_total(ledger_db: LedgerDb, tmp_
     lines = list(csv.reader(io.StringIO(raw.decode(), newline="")))
     assert lines[0] == [
         "line_type", "gpupool_job_id", "slurm_job_id", "job_name", "gpu_type", "gpus", "start", "end",
-        "billed_seconds", "gpu_seconds", "unit_price", "amount", "currency", "end_reason",
+        "billed_seconds", "gpu_seconds", "unit_price", "amount", "currency", "tier", "end_reason",
     ]
     assert [line[2:4] + line[9:12] for line in lines[1:4]] == [
         ["5", 'say "hi", then|pipe', "41", "0.00012", "0.00"],
         ["6", "line\nbreak", "42", "0.00012", "0.01"],
         ["7", "job", "14400", "0.00007", "1.01"],
     ]
-    assert lines[4][0] == "adjustment" and lines[4][3] == "outage, sorry" and lines[4][11] == "-1.01"
+    assert [line[13] for line in lines[1:4]] == ["normal"] * 3
+    assert lines[4][0] == "adjustment" and lines[4][3] == "outage, sorry" and lines[4][11] == "-1.01" and lines[4][13] == ""
     total = lines[5]
-    assert total[0] == "total" and total[8:10] == ["3683", "14483"]
+    assert total[0] == "total" and total[8:10] == ["3683", "14483"] and total[13] == ""
     assert total[11] == "0.01"  # 1.01 + 0.00 + 0.01 - 1.01, exactly the lines' sum
     again = tmp_path / "again.csv"
     assert ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", str(again)).returncode == 0
@@ -352,5 +353,34 @@ def test_spot_runs_are_billed_at_the_spot_tier_the_cli_sets(ledger_db: LedgerDb,
     billed = [(row[3], f"{row[4]:%H:%M:%S}", row[14], row[15]) for row in ledger_db.ledger("acme") if row[3] in (70, 71)]
     assert billed == [(70, "10:00:00", 80, 40_000), (70, "10:03:00", 60, 40_000), (71, "10:00:40", 40, RTX4090_NANOS)]
     lines = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-").stdout)))
-    spot_lines = [(line[2], line[8], line[10]) for line in lines[1:] if line[0] == "job" and line[2] in ("70", "71")]
-    assert spot_lines == [("70", "40", "0.00004"), ("70", "30", "0.00004"), ("71", "20", format_nanos(RTX4090_NANOS))]
+    spot_lines = [(line[2], line[8], line[10], line[13]) for line in lines[1:] if line[0] == "job" and line[2] in ("70", "71")]
+    assert spot_lines == [
+        ("70", "40", "0.00004", "spot"), ("70", "30", "0.00004", "spot"), ("71", "20", format_nanos(RTX4090_NANOS), "normal"),
+    ]
+
+
+def test_a_line_never_mixes_tiers_even_at_one_price(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    """A spot run pays the full price until the spot tier's first price; that price equal to the full one still starts a line."""
+    ledger_db.add_account("acme")
+    same = format_nanos(RTX4090_NANOS)
+    set_spot = ledger_db.cli("price", "set", "rtx4090", same, "--tier", "spot", "--from", "2026-11-07T10:00:30")
+    assert set_spot.returncode == 0, set_spot.stderr
+    fields = ["gpupool", "80", "80", "acme", "alice", "COMPLETED", "2026-11-07T10:00:00", "2026-11-07T10:00:00",
+              "2026-11-07T10:01:00", "60", "cpu=1,gres/gpu:rtx4090=2,gres/gpu=2", "spot", "spotjob"]
+    path = tmp_path / "spot.psv"
+    path.write_text(as_pass_output(["|".join(PASS_FIELDS), "|".join(fields)]))
+    replay_ok(ledger_db, path)
+    with ledger_db.engine.connect() as connection:
+        tiers = connection.execute(
+            select(LedgerEntry.interval_from, LedgerEntry.unit_price_nanos, LedgerEntry.tier).order_by(LedgerEntry.interval_from)
+        ).all()
+    assert [(f"{start:%H:%M:%S}", price, tier) for start, price, tier in tiers] == [
+        ("10:00:00", RTX4090_NANOS, "normal"), ("10:00:30", RTX4090_NANOS, "spot"),
+    ]
+    invoice = ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-")
+    lines = list(csv.DictReader(io.StringIO(invoice.stdout)))
+    assert [(line["start"], line["end"], line["gpu_seconds"], line["unit_price"], line["amount"], line["tier"]) for line in lines] == [
+        ("2026-11-07T10:00:00Z", "2026-11-07T10:00:30Z", "60", same, "0.01", "normal"),
+        ("2026-11-07T10:00:30Z", "2026-11-07T10:01:00Z", "60", same, "0.01", "spot"),
+        ("", "", "120", "", "0.02", ""),  # each line rounded: one mixed line would be 0.0144, so 0.01
+    ]

@@ -6,7 +6,7 @@ a grace time) sends A's job SIGTERM and requeues it; B's job runs; then A's
 job runs again and completes. The test asks Slurm (sacct -D: both of A's runs,
 each under QOS spot), the API (PREEMPTED between the runs, the run count, a
 job.preempted webhook), the ledger and the invoice (both of A's runs at the
-spot price, B's at full price, each to the second of sacct's ElapsedRaw).
+spot price and tier, B's at full price, each to the second of sacct's ElapsedRaw).
 
 Needs every GPU of the shared cluster: it waits until the cluster is idle first.
 """
@@ -197,13 +197,13 @@ def test_a_full_price_job_preempts_a_spot_job_which_runs_again_and_each_run_is_b
     assert [(acct, f"{start:%Y-%m-%dT%H:%M:%S}", gs, price, tier) for acct, start, gs, price, tier in ledger] == expected
 
     period = period_of(dt.datetime.fromisoformat(runs_a[-1]["start"]).replace(tzinfo=dt.UTC))
-    for account, auth, runs, price in ((a, auth_a, runs_a, SPOT), (b, auth_b, [run_b], FULL)):
+    for account, auth, runs, price, tier in ((a, auth_a, runs_a, SPOT, "spot"), (b, auth_b, [run_b], FULL, "normal")):
         reply = client.get(f"/invoices/{period}", headers=auth)
         assert reply.status_code == 200, reply.data
         lines = list(csv.DictReader(io.StringIO(reply.get_data(as_text=True))))
         jobs = [line for line in lines if line["line_type"] == "job"]
-        assert [(line["billed_seconds"], line["unit_price"]) for line in jobs] == [
-            (run["elapsed"], format_nanos(price)) for run in runs
+        assert [(line["billed_seconds"], line["unit_price"], line["tier"]) for line in jobs] == [
+            (run["elapsed"], format_nanos(price), tier) for run in runs
         ], (account, lines)
 
     # The job.preempted webhook, signed, for A's job, once.
