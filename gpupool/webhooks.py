@@ -678,7 +678,7 @@ class WebhookSender:
             retry_at = now + dt.timedelta(seconds=backoff)
             if retry_at - item.event_created_at > dt.timedelta(seconds=self._settings.webhook_retry_window_s):
                 delivery.state = FAILED
-                log.warning("webhook %s to %s given up after %d attempts", item.event_id, item.url, delivery.attempts)
+                log.warning("webhook %s to %s given up after %d attempts", item.event_id, url_origin(item.url), delivery.attempts)
             else:
                 delivery.next_attempt_at = retry_at
 

@@ -16,6 +16,9 @@ from gpupool.webhooks import WebhookSender
 
 def cmd_webhooks_run(settings: Settings, args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs each request's URL at INFO, and a receiver's path or query may be its own secret
+    # (Slack's are): the sender's own lines name the endpoint by its id instead.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     engine = db.migrated_engine(settings.database_url)
     sender = WebhookSender(db.make_session_factory(engine), settings)
     try:
