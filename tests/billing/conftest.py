@@ -42,6 +42,8 @@ class LedgerDb:
             "GPUPOOL_JWT_SECRET": JWT_SECRET,
             "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
             "GPUPOOL_BILLING_ARCHIVE_DIR": self.settings.billing_archive_dir,
+            # Billing's commands connect as the billing role where the settings name one (RolesDb.as_billing).
+            **({"GPUPOOL_BILLING_DATABASE_URL": self.settings.billing_database_url} if self.settings.billing_database_url else {}),
             **env,
         }
 
