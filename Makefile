@@ -99,6 +99,7 @@ bench: venv-test services cluster
 	$(VENV)/bin/python bench/poll.py
 	$(VENV)/bin/python bench/billing.py
 	$(VENV)/bin/python bench/invoice.py
+	$(VENV)/bin/python bench/budget.py
 
 clean:
 	rm -rf var build *.egg-info

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
+
 from gpupool import db
 from gpupool.config import load_settings
 from gpupool.proc import run_command
@@ -47,6 +49,25 @@ def table(title: str, rows: list[tuple[str, str]]) -> None:
     print(f"\n{title}\n" + "-" * len(title))
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+
+
+@contextmanager
+def filled_database(script: str, values: dict[str, int]) -> Iterator[tuple[str, db.Engine]]:
+    """A throwaway migrated PostgreSQL database whose rows ``script`` makes inside it (its statements
+    split at ``;``, with ``values`` bound), as (URL, engine); dropped afterwards."""
+    name = f"gpupool_bench_{secrets.token_hex(4)}"
+    url = create_database(name)
+    try:
+        engine = db.make_engine(url)
+        try:
+            with engine.begin() as connection:
+                for statement in filter(str.strip, script.split(";")):
+                    connection.execute(text(statement), values)
+            yield url, engine
+        finally:
+            engine.dispose()
+    finally:
+        drop_database(name)
 
 
 @contextmanager

@@ -38,15 +38,19 @@ from tests.support.metering import meter, parse_runs  # noqa: E402
 from tests.support.services import create_database, drop_database  # noqa: E402
 
 SEED_SCRIPT = REPO.parent / "shared" / "baselines" / "seed-billing.sh"
+APPEND_ONLY = ("ledger_entries", "adjustments")
 
 
 def reset(engine: db.Engine) -> None:
     with engine.begin() as connection:
-        # The bench's own throwaway database: its owner lifts the append-only trigger
-        # for this one transaction, which gpupool itself never does.
-        connection.execute(text("ALTER TABLE ledger_entries DISABLE TRIGGER ledger_entries_no_truncate"))
-        connection.execute(text("TRUNCATE ledger_entries, billing_passes, adjustments"))
-        connection.execute(text("ALTER TABLE ledger_entries ENABLE TRIGGER ledger_entries_no_truncate"))
+        # The bench's own throwaway database: its owner lifts the append-only triggers
+        # for this one transaction, which gpupool itself never does, and empties the
+        # spend totals with the rows they count.
+        for table_name in APPEND_ONLY:
+            connection.execute(text(f"ALTER TABLE {table_name} DISABLE TRIGGER {table_name}_no_truncate"))
+        connection.execute(text(f"TRUNCATE billing_passes, account_spend, {', '.join(APPEND_ONLY)}"))
+        for table_name in APPEND_ONLY:
+            connection.execute(text(f"ALTER TABLE {table_name} ENABLE TRIGGER {table_name}_no_truncate"))
     with engine.connect() as connection:
         connection.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE ledger_entries"))
 

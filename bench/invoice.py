@@ -15,20 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import secrets
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from sqlalchemy import text
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import BIN, table  # noqa: E402
-from gpupool import db  # noqa: E402
-from tests.support.services import create_database, drop_database  # noqa: E402
+from bench._harness import BIN, filled_database, table  # noqa: E402
 
 FILL = """
 INSERT INTO billing_passes (id, kind, started_at, finished_at, source, source_sha256, sacct_rows, ledger_rows, adjustment_rows)
@@ -51,44 +46,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=1_000_000)
     args = parser.parse_args()
-    name = f"gpupool_bench_{secrets.token_hex(4)}"
-    url = create_database(name)
-    try:
-        engine = db.make_engine(url)
-        with engine.begin() as connection:
-            for statement in filter(str.strip, FILL.split(";")):
-                connection.execute(text(statement), {"lines": args.lines})
-        with tempfile.TemporaryDirectory() as tmp_name:
-            out = Path(tmp_name) / "invoice.csv"
-            env = {"PATH": "/usr/bin:/bin", "GPUPOOL_DATABASE_URL": url, "HOME": os.environ.get("HOME", "/root")}
-            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            started = time.perf_counter()
-            subprocess.run(
-                [str(BIN / "gpupool"), "invoice", "--account", "acme", "--period", "2026-11", "-o", str(out)],
-                env=env, check=True, capture_output=True, timeout=1800,
-            )
-            export_s = time.perf_counter() - started
-            peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            lines = sum(1 for _ in out.open(newline="")) if out.stat().st_size < 2**31 else -1
-            size_mb = out.stat().st_size / 1e6
+    with filled_database(FILL, {"lines": args.lines}) as (url, engine), tempfile.TemporaryDirectory() as tmp_name:
+        out = Path(tmp_name) / "invoice.csv"
+        env = {"PATH": "/usr/bin:/bin", "GPUPOOL_DATABASE_URL": url, "HOME": os.environ.get("HOME", "/root")}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        started = time.perf_counter()
+        subprocess.run(
+            [str(BIN / "gpupool"), "invoice", "--account", "acme", "--period", "2026-11", "-o", str(out)],
+            env=env, check=True, capture_output=True, timeout=1800,
+        )
+        export_s = time.perf_counter() - started
+        peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        lines = sum(1 for _ in out.open(newline="")) if out.stat().st_size < 2**31 else -1
+        size_mb = out.stat().st_size / 1e6
 
-            raw = engine.raw_connection()
-            try:
-                cursor = raw.cursor()
-                started = time.perf_counter()
-                with open(Path(tmp_name) / "copy.csv", "w") as sink:
-                    cursor.copy_expert(
-                        "COPY (SELECT slurm_job_id, job_name, gpu_type, gpus, interval_from, interval_to, seconds, "
-                        "gpu_seconds, unit_price_nanos, amount_nanos FROM ledger_entries WHERE account = 'acme' "
-                        "AND period = '2026-11' ORDER BY interval_from, cluster, job_id_raw) TO STDOUT WITH (FORMAT csv)",
-                        sink,
-                    )
-                copy_s = time.perf_counter() - started
-            finally:
-                raw.close()
-        engine.dispose()
-    finally:
-        drop_database(name)
+        raw = engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            started = time.perf_counter()
+            with open(Path(tmp_name) / "copy.csv", "w") as sink:
+                cursor.copy_expert(
+                    "COPY (SELECT slurm_job_id, job_name, gpu_type, gpus, interval_from, interval_to, seconds, "
+                    "gpu_seconds, unit_price_nanos, amount_nanos FROM ledger_entries WHERE account = 'acme' "
+                    "AND period = '2026-11' ORDER BY interval_from, cluster, job_id_raw) TO STDOUT WITH (FORMAT csv)",
+                    sink,
+                )
+            copy_s = time.perf_counter() - started
+        finally:
+            raw.close()
 
     rate = args.lines / export_s
     table(

@@ -3,7 +3,8 @@
 An account may carry a prepaid credit (total granted; what is left is the
 credit minus all spend ever) and a monthly limit (what is left is the limit
 minus this UTC month's spend). With both, the smaller remainder counts.
-Spend is exact: ledger amounts plus adjustments, in nano-units, unrounded.
+Spend is exact: ledger amounts plus adjustments, in nano-units, unrounded,
+read from the per-period totals the database keeps (``account_spend``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from billing.money import format_nanos
 from billing.price_book import NORMAL_TIER, SPOT_TIER, PriceBook
 from billing.prices import load_prices
 from gpupool.errors import NotFound, PaymentRequired, PriceMissing
-from gpupool.models import Account, Adjustment, Job, LedgerEntry
+from gpupool.models import Account, AccountSpend, Job, LedgerEntry
 
 # The statements of the check a submit runs are built once, their values bound at each
 # execution: SQLAlchemy caches the SQL it compiles, not the statement's objects, and
@@ -32,13 +33,18 @@ _SUBJECT = bindparam("subject", type_=String)
 
 
 def _spent(period: bool) -> ColumnElement[int]:
-    """Ledger charges plus adjustments of the account (in the period, or ever), as one SQL expression."""
-    ledger = select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0)).where(LedgerEntry.account == _ACCOUNT)
-    adjustments = select(func.coalesce(func.sum(Adjustment.amount_nanos), 0)).where(Adjustment.account == _ACCOUNT)
+    """Ledger charges plus adjustments of the account (in the period, or ever), as one SQL expression.
+
+    Read from ``account_spend``, which the database's triggers keep as each ledger row
+    or adjustment is inserted: a row per month the account spent in, not one per
+    charge, so the check no longer slows as the account's ledger grows.
+    """
+    spent = select(func.coalesce(func.sum(AccountSpend.ledger_nanos + AccountSpend.adjustment_nanos), 0)).where(
+        AccountSpend.account == _ACCOUNT
+    )
     if period:
-        ledger = ledger.where(LedgerEntry.period == _PERIOD)
-        adjustments = adjustments.where(Adjustment.period == _PERIOD)
-    return ledger.scalar_subquery() + adjustments.scalar_subquery()
+        spent = spent.where(AccountSpend.period == _PERIOD)
+    return spent.scalar_subquery()
 
 
 # What a member's jobs were billed in the period: ledger rows of jobs they submitted (adjustments are the account's).

@@ -7,9 +7,10 @@ that get exactly the privileges below (the last two are optional: a site
 without them runs the webhook sender with the API's role and the email sender
 with the owner's). The API can therefore
 never write the ledger, prices or adjustments, billing can only add ledger
-rows, and the two senders touch nothing but their own queue; the trigger of
-migration 0005 refuses UPDATE, DELETE and TRUNCATE of ledger rows even to the
-owner.
+rows, and the two senders touch nothing but their own queue; the triggers of
+migrations 0005 and 0024 refuse UPDATE, DELETE and TRUNCATE of ledger rows and
+adjustments even to the owner. No service role may write the spend totals
+(``account_spend``): the database's own triggers keep them.
 
 ``TABLE_ACCESS`` is the one list. ``gpupool db upgrade`` revokes what the
 service roles hold on the schema's tables and sequences and grants this list again,
@@ -54,6 +55,9 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     "ledger_entries": {API: READ, BILLING: APPEND},
     # Billing adds failed-node credits; spend and invoices read them.
     "adjustments": {API: READ, BILLING: APPEND},
+    # Spend per account and period, for budgets: only the triggers of migration 0024 write it
+    # (SECURITY DEFINER, as the owner), whichever role inserts the ledger row or adjustment.
+    "account_spend": {API: READ, BILLING: READ},
     # A pass inserts its record first and fills in the totals before it commits.
     "billing_passes": {API: NONE, BILLING: READ_WRITE},
     # Updating the single row is billing's lock.

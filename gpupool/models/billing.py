@@ -113,7 +113,7 @@ class LedgerEntry(Base):
 
 
 class Adjustment(Base):
-    """A credit (negative) or charge on an account's invoice for one period. Never deleted."""
+    """A credit (negative) or charge on an account's invoice for one period. Never changed or deleted (migration 0024)."""
 
     __tablename__ = "adjustments"
     __table_args__ = (Index("ix_adjustments_account_period", "account", "period"),)
@@ -128,3 +128,20 @@ class Adjustment(Base):
     source_key: Mapped[str | None] = mapped_column(String(255), unique=True)
     created_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AccountSpend(Base):
+    """What an account spent in one period: its ledger amounts and its adjustments, each summed, exactly.
+
+    The database keeps these totals itself: triggers on INSERT into ``ledger_entries``
+    and ``adjustments`` (both append-only) add each new row's amount, in the inserting
+    transaction, however the row came (ORM, executemany, COPY). gpupool never writes
+    this table; budgets read it instead of summing an account's whole history.
+    """
+
+    __tablename__ = "account_spend"
+
+    account: Mapped[str] = mapped_column(String(64), primary_key=True)
+    period: Mapped[str] = mapped_column(String(7), primary_key=True)  # YYYY-MM, UTC
+    ledger_nanos: Mapped[int] = mapped_column(BigInteger)
+    adjustment_nanos: Mapped[int] = mapped_column(BigInteger)

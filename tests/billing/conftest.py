@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import sessionmaker
 
 from billing.prices import set_price
 from gpupool import db
 from gpupool.config import Settings
-from gpupool.models import Account, BillingState, LedgerEntry
+from gpupool.models import Account, AccountSpend, Adjustment, BillingState, LedgerEntry
 from tests.conftest import JWT_SECRET, REPO, base_settings, create_database, drop_database
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
@@ -42,6 +42,8 @@ class LedgerDb:
             "GPUPOOL_JWT_SECRET": JWT_SECRET,
             "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
             "GPUPOOL_BILLING_ARCHIVE_DIR": self.settings.billing_archive_dir,
+            # Billing's commands connect as the billing role where the settings name one (RolesDb.as_billing).
+            **({"GPUPOOL_BILLING_DATABASE_URL": self.settings.billing_database_url} if self.settings.billing_database_url else {}),
             **env,
         }
 
@@ -67,6 +69,9 @@ class LedgerDb:
         with self.engine.connect() as connection:
             return [tuple(row) for row in connection.execute(query)]
 
+    def assert_spend_exact(self) -> None:
+        assert spend_totals(self.engine) == spend_sums(self.engine)
+
     def mark(self) -> dt.datetime | None:
         with self.sessions() as session:
             return session.scalar(select(BillingState.mark))
@@ -74,6 +79,24 @@ class LedgerDb:
     def add_account(self, name: str, **budget: int | None) -> None:
         with self.sessions() as session, session.begin():
             session.merge(Account(name=name, gpu_limit=4, **budget))
+
+
+def spend_totals(engine: Engine) -> dict[tuple[str, str], tuple[int, int]]:
+    """``account_spend`` as the triggers keep it: (account, period) -> (ledger, adjustments)."""
+    query = select(AccountSpend.account, AccountSpend.period, AccountSpend.ledger_nanos, AccountSpend.adjustment_nanos)
+    with engine.connect() as connection:
+        return {(account, period): (ledger, adjusted) for account, period, ledger, adjusted in connection.execute(query)}
+
+
+def spend_sums(engine: Engine) -> dict[tuple[str, str], tuple[int, int]]:
+    """The same, summed from every ledger row and adjustment: what the totals must equal."""
+    sums: dict[tuple[str, str], list[int]] = {}
+    with engine.connect() as connection:
+        for index, model in enumerate((LedgerEntry, Adjustment)):
+            query = select(model.account, model.period, func.sum(model.amount_nanos)).group_by(model.account, model.period)
+            for account, period, nanos in connection.execute(query):
+                sums.setdefault((account, period), [0, 0])[index] = int(nanos)
+    return {key: (ledger, adjusted) for key, (ledger, adjusted) in sums.items()}
 
 
 def _prepare(url: str, archive: Path) -> LedgerDb:

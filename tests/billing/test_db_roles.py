@@ -33,6 +33,7 @@ from gpupool.db.roles import TABLE_ACCESS
 from gpupool.gpu_usage.idle_time import store_idle_hours
 from gpupool.models import (
     Account,
+    AccountSpend,
     Adjustment,
     AlertSent,
     Base,
@@ -47,7 +48,7 @@ from gpupool.models import (
 )
 from gpupool.models.alerts import EMAIL_SENT
 from gpupool.slurm.client import SlurmClient
-from tests.billing.conftest import RTX4090_NANOS, LedgerDb
+from tests.billing.conftest import RTX4090_NANOS, LedgerDb, spend_sums, spend_totals
 from tests.billing.test_ledger import dump, replay_ok, row
 from tests.conftest import base_settings, bearer, wait_for_state
 from tests.support.gpu_exporter import serve_exporter
@@ -171,10 +172,10 @@ def assert_permission_denied(url: str, statement: str, table: str) -> None:
     assert f"permission denied for table {table}" in str(error), statement
 
 
-def assert_append_only(url: str, statement: str, verb: str) -> None:
+def assert_append_only(url: str, statement: str, verb: str, table: str = "ledger_entries") -> None:
     error = failure(url, statement)
     assert error.pgcode == RAISED, (statement, error.pgerror)
-    assert f"{APPEND_ONLY}: {verb} refused" in str(error), statement
+    assert f"{table} is append-only: {verb} refused" in str(error), statement
 
 
 def ledger_row(pass_id: int, job_id_raw: int) -> dict[str, object]:
@@ -456,6 +457,8 @@ def test_neither_service_role_can_switch_the_ledgers_trigger_off(billed: RolesDb
             ("ALTER TABLE ledger_entries DISABLE TRIGGER ledger_entries_no_update_delete", "must be owner of table ledger_entries"),
             ("ALTER TABLE ledger_entries DISABLE TRIGGER ALL", "must be owner of table ledger_entries"),
             ("DROP TRIGGER ledger_entries_no_update_delete ON ledger_entries", "must be owner of relation ledger_entries"),
+            ("ALTER TABLE ledger_entries DISABLE TRIGGER ledger_entries_spend", "must be owner of table ledger_entries"),
+            ("ALTER TABLE adjustments DISABLE TRIGGER adjustments_spend", "must be owner of table adjustments"),
             # Replacing the trigger's function, or shadowing it with one of its own.
             (
                 "CREATE OR REPLACE FUNCTION gpupool_ledger_append_only() RETURNS trigger LANGUAGE plpgsql"
@@ -478,6 +481,55 @@ def test_not_even_the_owner_can_rewrite_the_ledger(billed: RolesDb) -> None:
     assert_append_only(url, "DELETE FROM ledger_entries WHERE job_id_raw = 10", "DELETE")
     assert_append_only(url, "TRUNCATE ledger_entries CASCADE", "TRUNCATE")
     assert len(billed.owner.ledger("acme")) == 2
+    # Adjustments too (migration 0024): the spend totals count every one ever made.
+    assert_append_only(url, "UPDATE adjustments SET amount_nanos = 0", "UPDATE", "adjustments")
+    assert_append_only(url, "DELETE FROM adjustments", "DELETE", "adjustments")
+    assert_append_only(url, "TRUNCATE adjustments", "TRUNCATE", "adjustments")
+    assert spend_totals(billed.owner.engine) == spend_sums(billed.owner.engine)
+
+
+def test_only_the_databases_triggers_write_the_spend_totals(billed: RolesDb) -> None:
+    """The billing role's pass and inserts move the totals (its ledger rows and credits, through triggers
+    that run as the owner), yet neither service role can write them, nor call those triggers' code."""
+    totals = spend_totals(billed.owner.engine)
+    assert totals[("acme", "2026-11")] == (2 * 4200 * RTX4090_NANOS, -2 * 3600 * RTX4090_NANOS)
+    assert totals == spend_sums(billed.owner.engine)
+    engine = db.make_engine(billed.billing_url)
+    try:
+        with engine.connect() as connection:
+            pass_id = connection.execute(select(BillingPass.id).limit(1)).scalar_one()
+            connection.execute(insert(LedgerEntry).values(**ledger_row(pass_id, 12)))
+            connection.execute(
+                insert(Adjustment).values(
+                    account="acme", period="2026-11", amount_nanos=-7, reason="r", kind="manual", created_by="t", created_at=db.utcnow()
+                )
+            )
+            moved = connection.execute(
+                select(AccountSpend.ledger_nanos, AccountSpend.adjustment_nanos)
+                .where(AccountSpend.account == "acme", AccountSpend.period == "2026-11")
+            ).one()
+            ledger, adjusted = totals[("acme", "2026-11")]
+            assert tuple(moved) == (ledger + 60 * RTX4090_NANOS, adjusted - 7)
+            connection.rollback()
+    finally:
+        engine.dispose()
+    for url in (billed.api_url, billed.billing_url):
+        engine = db.make_engine(url)
+        try:
+            assert spend_totals(engine) == totals
+        finally:
+            engine.dispose()
+        for statement in (
+            "INSERT INTO account_spend (account, period, ledger_nanos, adjustment_nanos) VALUES ('acme', '2026-12', -1000000000000, 0)",
+            "UPDATE account_spend SET ledger_nanos = 0",
+            "DELETE FROM account_spend",
+            "TRUNCATE account_spend",
+        ):
+            assert_permission_denied(url, statement, "account_spend")
+        for function in ("gpupool_spend_add_ledger_entries", "gpupool_spend_add_adjustments"):
+            error = failure(url, f"SELECT {function}()")
+            assert error.pgcode == PERMISSION_DENIED and f"permission denied for function {function}" in str(error), error.pgerror
+    assert spend_totals(billed.owner.engine) == totals
 
 
 def test_a_real_pass_runs_as_the_billing_role(billed: RolesDb) -> None:

@@ -63,6 +63,7 @@ def test_replay_bills_each_run_once_and_a_rerun_adds_nothing(ledger_db: LedgerDb
     assert archived and archived.endswith(".psv.gz")
     assert "0 ledger rows" in replay_ok(ledger_db, Path(archived))
     assert ledger_db.ledger() == rows
+    ledger_db.assert_spend_exact()
 
 
 def test_month_boundary_split_from_replayed_outputs(ledger_db: LedgerDb, tmp_path: Path) -> None:
@@ -213,6 +214,7 @@ def test_kill_9_mid_pass_leaves_nothing_and_the_rerun_matches_an_uninterrupted_p
     assert len(after_rerun) > len(before)
     replay_ok(pg_ledger, path)
     assert pg_ledger.ledger() == after_rerun
+    pg_ledger.assert_spend_exact()  # the killed pass's trigger work went with its rows
     # An uninterrupted pass over the same output, into a ledger of its own, bills the same rows.
     jobs = {r[3] for r in after_rerun if r[1] == "gpupool"}
     assert len(jobs) == sum(1 for job in synthetic_jobs(150_000, seed=11) if job.start is not None)
@@ -228,6 +230,7 @@ def test_two_passes_at_once_bill_once(ledger_db: LedgerDb, tmp_path: Path) -> No
     assert written[0] == 0 and written[1] > 0
     assert len(pg_rows := ledger_db.ledger()) == written[1]
     assert len(set(pg_rows)) == len(pg_rows)
+    ledger_db.assert_spend_exact()
 
 
 def test_failed_node_runs_are_credited_once(ledger_db: LedgerDb, tmp_path: Path) -> None:
@@ -242,6 +245,7 @@ def test_failed_node_runs_are_credited_once(ledger_db: LedgerDb, tmp_path: Path)
     lines = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-").stdout)))
     assert [line[0] for line in lines[1:]] == ["job", "adjustment", "total"]
     assert lines[1][11] == "0.86" and lines[2][11] == "-0.86" and lines[3][11] == "0.00"
+    ledger_db.assert_spend_exact()
 
 
 def test_price_changes_never_rewrite_billed_history(ledger_db: LedgerDb, tmp_path: Path) -> None:
