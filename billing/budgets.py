@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Select, String, bindparam, case, cast, func, select, text
+from sqlalchemy import BigInteger, ColumnElement, Select, String, bindparam, case, cast, func, null, select, text
 from sqlalchemy.orm import Session
 
 from billing.calendar import period_of
 from billing.money import format_nanos
 from billing.price_book import NORMAL_TIER, SPOT_TIER, PriceBook
 from billing.prices import load_prices
+from gpupool.db.locks import BUDGET_CHECK
 from gpupool.errors import NotFound, PaymentRequired, PriceMissing
 from gpupool.models import Account, AccountSpend, Job, LedgerEntry
 
@@ -61,12 +62,18 @@ _MEMBER_SPENT = (
 _BALANCE = select(Account.prepaid_credit_nanos, Account.monthly_limit_nanos, _spent(False), _spent(True)).where(
     Account.name == _ACCOUNT
 )
-# PostgreSQL: FOR NO KEY UPDATE, held until commit. NO KEY, since inserts that
-# reference the account (its jobs, ledger rows) need only KEY SHARE and need
-# not wait. The balance is read by the statement that takes the lock: one
-# round trip, and the check sees the budget as it is now.
-_LOCK = _BALANCE.with_for_update(of=Account, key_share=True)
-_LOCK_WITH_MEMBER = _BALANCE.add_columns(_MEMBER_SPENT).with_for_update(of=Account, key_share=True)
+# PostgreSQL: a transaction-scoped advisory lock on the account, held until commit,
+# taken by the statement that reads the balance (one round trip). Not a row lock
+# (FOR NO KEY UPDATE OF accounts): that needs UPDATE on `accounts`, which the API's
+# role must not have, since budgets are the operator's; under the service roles
+# every submit of an account with a budget failed. The queued jobs are read by
+# the next statement, after the lock: they include every submit let in before.
+_ACCOUNT_LOCK = func.pg_advisory_xact_lock(BUDGET_CHECK, func.hashtext(Account.name))
+_LOCK = _BALANCE.add_columns(_ACCOUNT_LOCK)
+_LOCK_WITH_MEMBER = _BALANCE.add_columns(_ACCOUNT_LOCK, _MEMBER_SPENT)
+# SQLite: BEGIN IMMEDIATE is the lock (see lock_budget).
+_SQLITE_LOCK = _BALANCE.add_columns(null())
+_SQLITE_LOCK_WITH_MEMBER = _BALANCE.add_columns(null(), _MEMBER_SPENT)
 
 
 def _committed_query() -> Select[int, str | None, bool, bool | None, int]:
@@ -200,17 +207,22 @@ def lock_budget(session: Session, account: str, now: dt.datetime, member: str | 
     With ``member``, the same statement reads what that member's jobs were
     billed this month, for ``check_spend``.
     """
-    if session.get_bind().dialect.name == "sqlite":
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    if sqlite:
         # The driver begins transactions lazily, at the first write; taking the
         # write lock now makes the next submit wait at its own BEGIN IMMEDIATE
         # (busy timeout). A transaction that already wrote holds that lock anyway.
         if not session.connection().connection.driver_connection.in_transaction:  # type: ignore[union-attr]
             session.execute(text("BEGIN IMMEDIATE"))
     values = {"account": account, "period": period_of(now), "subject": member}
-    row = session.execute(_LOCK if member is None else _LOCK_WITH_MEMBER, values).one_or_none()
+    if member is None:
+        statement = _SQLITE_LOCK if sqlite else _LOCK
+    else:
+        statement = _SQLITE_LOCK_WITH_MEMBER if sqlite else _LOCK_WITH_MEMBER
+    row = session.execute(statement, values).one_or_none()
     found = _read_balance(row, account)
     assert row is not None
-    return BudgetLock(account, found, member, 0 if member is None else int(row[4] or 0))
+    return BudgetLock(account, found, member, 0 if member is None else int(row[5] or 0))
 
 
 @dataclass(frozen=True)

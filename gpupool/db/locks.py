@@ -13,6 +13,10 @@ from sqlalchemy.orm import Session
 
 # `gpupool idle check`: one pass at a time (gpupool.gpu_usage.idle). The bytes spell "gp-idle".
 IDLE_CHECK = 0x67_70_2D_69_64_6C_65
+# One account's budget check at a time (billing.budgets.lock_budget): the first key of the
+# two-key form, whose key space PostgreSQL keeps apart from the 64-bit keys above; the
+# second is hashtext(account). The bytes spell "gpbu".
+BUDGET_CHECK = 0x67_70_62_75
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 from gpupool_client import verify_signature
-from sqlalchemy import create_engine, delete, insert, select, text
+from sqlalchemy import create_engine, delete, insert, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
@@ -589,6 +589,10 @@ def test_the_api_submits_and_shows_a_job_as_the_api_role(billed: RolesDb, job_ro
         with throwaway_slurm_account(slurm, "roles") as account:
             # Accounts and tokens are the operator's: written as the owner.
             add_account_row(billed.owner.sessions, account)
+            # A budget, so each submit takes the account's budget lock as the API role (a row lock
+            # on `accounts` needed UPDATE there, which the API must not have: every such submit failed).
+            with billed.owner.sessions() as session, session.begin():
+                session.execute(update(Account).where(Account.name == account).values(prepaid_credit_nanos=10**12))
             headers = bearer(billed.owner.settings, account)
             app = create_app(settings, slurm=slurm, session_factory=db.make_session_factory(engine))
             client = app.test_client()
@@ -597,6 +601,12 @@ def test_the_api_submits_and_shows_a_job_as_the_api_role(billed: RolesDb, job_ro
             job_id = created.get_json()["job_id"]
             shown = client.get(f"/jobs/{job_id}", headers=headers)
             assert shown.status_code == 200 and shown.get_json()["job_id"] == job_id
+            # A member with limits of their own: the member's spend is read under the same lock.
+            added = client.put("/account/members/bob", headers=headers, json={"role": "member", "gpu_limit": 1, "monthly_limit": "5.00"})
+            assert added.status_code == 200, added.get_json()
+            bob = bearer(billed.owner.settings, account, sub="bob")
+            by_member = client.post("/submit", headers=bob, json={"template": "hello", "gpus": 1, "params": {"seconds": 1}})
+            assert by_member.status_code == 201, by_member.get_json()
     finally:
         engine.dispose()
 
