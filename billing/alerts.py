@@ -99,7 +99,10 @@ def window_spend_nanos(session: Session, account: str, now: dt.datetime) -> int:
     start = now - RATE_WINDOW
     rows = session.execute(
         select(LedgerEntry.amount_nanos, LedgerEntry.interval_from, LedgerEntry.interval_to).where(
-            LedgerEntry.account == account, LedgerEntry.interval_to > start, LedgerEntry.interval_from < now
+            LedgerEntry.account == account, LedgerEntry.interval_to > start, LedgerEntry.interval_from < now,
+            # A ledger row never crosses a month's start, so only the window's months can hold one: the
+            # (account, period) index then reads a day's rows, not the account's whole history.
+            LedgerEntry.period.in_(sorted({period_of(start), period_of(now)})),
         )
     )
     total = 0
