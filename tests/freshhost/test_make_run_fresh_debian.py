@@ -19,34 +19,14 @@ from pathlib import Path
 import pytest
 
 from tests.freshhost.conftest import REPO, FreshHost, checkout_files
+from tests.support.readme import readme_first_command, readme_submit
 
 pytestmark = [pytest.mark.freshhost]
 
-README = REPO / "README.md"
 CLONE = "/opt/gpupool"
 # A first run installs Python, the virtualenv and Slurm from the registries.
 TOKEN_WAIT_S = 1500
 JOB_WAIT_S = 300
-
-
-def readme_block_after(marker: str) -> str:
-    """The first ```sh block after `marker` in the README."""
-    text = README.read_text()
-    start = text.index(marker)
-    match = re.search(r"```sh\n(.*?)```", text[start:], re.DOTALL)
-    assert match, f"no sh block after {marker!r} in README.md"
-    return match.group(1)
-
-
-def readme_first_command() -> str:
-    first = readme_block_after("## Quick start").splitlines()[0]
-    return first.split("#", 1)[0].strip()
-
-
-def readme_submit() -> str:
-    """The README's curl submit, as printed under 'It prints something like'."""
-    block = readme_block_after("It prints something like")
-    return block[block.index("curl -s -X POST"):].strip()
 
 
 def copy_checkout(host: FreshHost) -> None:

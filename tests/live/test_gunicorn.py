@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import threading
@@ -143,7 +144,13 @@ class Controller:
     """SIGSTOP slurmctld: it keeps its sockets but answers nothing, like a hung controller."""
 
     def __init__(self) -> None:
-        self.pid = int(slurm_cmd("pgrep", "-x", "slurmctld").split()[0])
+        # The local cluster's controller by its pid file: in .ci/run the fresh-host and real-hosts
+        # tiers run their own slurmctld beside it, visible to pgrep from here.
+        config = slurm_cmd("scontrol", "show", "config")
+        pid_file = re.search(r"^SlurmctldPidFile\s*=\s*(\S+)$", config, re.MULTILINE)
+        assert pid_file, "scontrol show config names no SlurmctldPidFile"
+        self.pid = int(Path(pid_file.group(1)).read_text().split()[0])
+        assert Path(f"/proc/{self.pid}/comm").read_text().strip() == "slurmctld"
         self.stopped = False
 
     def stop(self) -> None:

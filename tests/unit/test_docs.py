@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.readme import readme_first_command, readme_submit
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -81,3 +84,13 @@ def test_the_site_builds_with_warnings_as_errors_and_carries_the_api_reference(t
     for loaded in re.findall(r'(?:src|href)="\./([^"]+)"', reference):
         assert (site / "api" / loaded).exists(), loaded
     assert '"/submit"' in (site / "api" / "openapi.json").read_text()
+
+
+def test_the_quick_start_gives_make_run_and_the_submit_the_fresh_host_test_runs() -> None:
+    """The fresh-host tier runs these two lines on a new Debian 12; a README edit that loses either fails here first."""
+    assert readme_first_command() == "make run"
+    submit = readme_submit()
+    assert submit.startswith("curl -s -X POST http://127.0.0.1:5000/submit ")
+    body = re.search(r"-d '(\{.*\})'", submit, re.DOTALL)
+    assert body, submit
+    assert json.loads(body.group(1))["template"] == "hello"
