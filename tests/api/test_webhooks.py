@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -21,61 +18,15 @@ from gpupool.config import Settings
 from gpupool.models import Job, WebhookAttempt, WebhookEndpoint, WebhookEvent
 from gpupool.webhooks import JobEvents, WebhookSender
 from tests.conftest import bearer, wait_for, wait_for_state
+from tests.support.receiver import WebhookReceiver, serve_webhooks
 
 HELLO = {"template": "hello", "gpus": 1, "params": {"seconds": 0}}
 
 
-@dataclass
-class Received:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
-class Receiver:
-    """An HTTP receiver on 127.0.0.1 that answers each path with the statuses queued for it, then 200."""
-
-    url: str
-    received: list[Received] = field(default_factory=list)
-    scripted: dict[str, list[int]] = field(default_factory=dict)
-    redirects: dict[str, str] = field(default_factory=dict)
-
-    def at(self, path: str) -> list[Received]:
-        return [request for request in self.received if request.path == path]
-
-
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    lock = threading.Lock()
-    state = Receiver(url="")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            with lock:
-                state.received.append(Received(self.path, dict(self.headers), body))
-                queued = state.scripted.get(self.path, [])
-                status = queued.pop(0) if queued else 200
-            if self.path in state.redirects:
-                self.send_response(302)
-                self.send_header("Location", state.redirects[self.path])
-            else:
-                self.send_response(status)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield state
-    server.shutdown()
-    server.server_close()
+def receiver() -> Iterator[WebhookReceiver]:
+    with serve_webhooks() as state:
+        yield state
 
 
 @pytest.fixture
@@ -103,12 +54,12 @@ def deliver_until(sender: WebhookSender, done: object, what: str) -> None:
 
 
 def test_receiver_gets_one_signed_job_ended_per_job(
-    client: FlaskClient, auth: dict[str, str], receiver: Receiver, sender: WebhookSender
+    client: FlaskClient, auth: dict[str, str], receiver: WebhookReceiver, sender: WebhookSender
 ) -> None:
-    endpoint = register(client, auth, receiver.url + "/all", events=["job.ended"])
+    endpoint = register(client, auth, receiver.base + "/all", events=["job.ended"])
     assert str(endpoint["secret"]).startswith("whsec_")
     assert "secret" not in client.get("/webhooks", headers=auth).get_json()["webhooks"][0]
-    submitted = client.post("/submit", json={**HELLO, "callback_url": receiver.url + "/one"}, headers=auth).get_json()
+    submitted = client.post("/submit", json={**HELLO, "callback_url": receiver.base + "/one"}, headers=auth).get_json()
     second = client.post("/submit", json=HELLO, headers=auth).get_json()
     job_ids = {submitted["job_id"], second["job_id"]}
     for job_id in job_ids:
@@ -140,10 +91,10 @@ def test_receiver_gets_one_signed_job_ended_per_job(
 
 
 def test_a_receiver_answering_500_twice_gets_the_event_a_third_time(
-    client: FlaskClient, auth: dict[str, str], receiver: Receiver, sender: WebhookSender
+    client: FlaskClient, auth: dict[str, str], receiver: WebhookReceiver, sender: WebhookSender
 ) -> None:
     receiver.scripted["/flaky"] = [500, 500]
-    endpoint = register(client, auth, receiver.url + "/flaky", events=["job.ended"])
+    endpoint = register(client, auth, receiver.base + "/flaky", events=["job.ended"])
     job = client.post("/submit", json=HELLO, headers=auth).get_json()
     wait_for_state(client, job["job_id"], auth, {"COMPLETED"})
 
@@ -158,10 +109,10 @@ def test_a_receiver_answering_500_twice_gets_the_event_a_third_time(
 
 
 def test_redirects_are_not_followed(
-    client: FlaskClient, auth: dict[str, str], receiver: Receiver, sender: WebhookSender, session_factory: sessionmaker
+    client: FlaskClient, auth: dict[str, str], receiver: WebhookReceiver, sender: WebhookSender, session_factory: sessionmaker
 ) -> None:
-    receiver.redirects["/moved"] = receiver.url + "/elsewhere"
-    register(client, auth, receiver.url + "/moved", events=["job.ended"])
+    receiver.redirects["/moved"] = receiver.base + "/elsewhere"
+    register(client, auth, receiver.base + "/moved", events=["job.ended"])
     job = client.post("/submit", json=HELLO, headers=auth).get_json()
     wait_for_state(client, job["job_id"], auth, {"COMPLETED"})
 
@@ -189,9 +140,9 @@ def test_internal_addresses_are_refused_at_registration(
 
 
 def test_endpoints_belong_to_their_account(
-    client: FlaskClient, auth: dict[str, str], receiver: Receiver, other_account: str, settings: Settings
+    client: FlaskClient, auth: dict[str, str], receiver: WebhookReceiver, other_account: str, settings: Settings
 ) -> None:
-    endpoint = register(client, auth, receiver.url + "/mine")
+    endpoint = register(client, auth, receiver.base + "/mine")
     other = bearer(settings, other_account, sub="mallory")
     assert client.get(f"/webhooks/{endpoint['id']}/deliveries", headers=other).status_code == 404
     assert client.delete(f"/webhooks/{endpoint['id']}", headers=other).status_code == 404

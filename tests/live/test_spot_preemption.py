@@ -16,9 +16,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -38,6 +36,7 @@ from gpupool.proc import CommandResult, run_command
 from gpupool.slurm.client import SlurmClient
 from gpupool.webhooks import WebhookSender
 from tests.conftest import bearer, wait_for
+from tests.support.receiver import WebhookReceiver, serve_webhooks
 from tests.support.services import (
     TENANT_PREFIX,
     add_account_row,
@@ -72,27 +71,9 @@ def two_accounts(slurm: SlurmClient, session_factory: sessionmaker) -> Iterator[
 
 
 @pytest.fixture
-def receiver() -> Iterator[tuple[str, list[bytes], list[dict[str, str]]]]:
-    bodies: list[bytes] = []
-    headers: list[dict[str, str]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            bodies.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-            headers.append(dict(self.headers))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook", bodies, headers
-    server.shutdown()
-    server.server_close()
+def receiver() -> Iterator[WebhookReceiver]:
+    with serve_webhooks() as state:
+        yield state
 
 
 @pytest.fixture
@@ -117,7 +98,7 @@ def test_a_full_price_job_preempts_a_spot_job_which_runs_again_and_each_run_is_b
     slurm: SlurmClient,
     session_factory: sessionmaker,
     two_accounts: tuple[str, str],
-    receiver: tuple[str, list[bytes], list[dict[str, str]]],
+    receiver: WebhookReceiver,
 ) -> None:
     a, b = two_accounts
     since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(seconds=5)
@@ -125,8 +106,7 @@ def test_a_full_price_job_preempts_a_spot_job_which_runs_again_and_each_run_is_b
         set_price(session, "rtx4090", FULL, dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
         set_price(session, "rtx4090", SPOT, dt.datetime(2020, 1, 1, tzinfo=dt.UTC), SPOT_TIER)
     auth_a, auth_b = bearer(settings, a), bearer(settings, b)
-    url, bodies, _headers = receiver
-    endpoint = client.post("/webhooks", json={"url": url, "events": ["job.preempted"]}, headers=auth_a)
+    endpoint = client.post("/webhooks", json={"url": receiver.url, "events": ["job.preempted"]}, headers=auth_a)
     assert endpoint.status_code == 201, endpoint.get_json()
     secret = endpoint.get_json()["secret"]
 
@@ -210,12 +190,12 @@ def test_a_full_price_job_preempts_a_spot_job_which_runs_again_and_each_run_is_b
     sender = WebhookSender(session_factory, settings)
     try:
         wait_for(
-            lambda: sender.run_once() >= 0 and len(bodies) >= preemptions, timeout_s=60, interval_s=0.2,
+            lambda: sender.run_once() >= 0 and len(receiver.deliveries) >= preemptions, timeout_s=60, interval_s=0.2,
             what="the job.preempted deliveries",
         )
     finally:
         sender.close()
-    events = [verify_signature(body, hdrs["Gpupool-Signature"], secret) for body, hdrs in zip(bodies, _headers, strict=True)]
+    events = [verify_signature(d.body, d.headers["Gpupool-Signature"], secret) for d in receiver.deliveries]
     assert [(event["type"], event["data"]["job"]["job_id"]) for event in events] == [("job.preempted", job_a["job_id"])] * preemptions
     assert [event["data"]["job"]["run_count"] for event in events] == list(range(1, len(runs_a)))
 

@@ -7,11 +7,9 @@ name (``vm``, this machine) by a small server in the test.
 
 from __future__ import annotations
 
-import http.server
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from gpupool.slurm.client import SlurmClient
 from tests.conftest import REPO, base_settings, slurm_cmd, throwaway_slurm_account, wait_for
 from tests.live.conftest import free_port
+from tests.support.gpu_exporter import serve_metrics
 from tests.support.tenancy import TENANT_PREFIX, sbatch_as_tenant
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
@@ -72,28 +71,8 @@ def exporter() -> Iterator[int]:
     """An HTTP server answering /metrics with the saved scrape, as a node's exporter would."""
     body = DCGM_SCRAPE.read_bytes()
 
-    class Exporter(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
-            if self.path != "/metrics":
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_metrics(lambda: body) as port:
+        yield port
 
 
 def test_top_scrapes_the_nodes_exporter_and_survives_a_dead_one(

@@ -12,15 +12,14 @@ these machines have emulated GPUs and nothing to scrape.
 
 from __future__ import annotations
 
-import http.server
 import re
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.support.http import QuietHandler, serving
 
 CAPTURES = REPO.parent / "shared" / "external-data" / "nvidia-smi" / "nvidia_gpu_exporter_captures"
 H100_CAPTURE = CAPTURES / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
@@ -92,32 +91,34 @@ class FakeNodeExporter:
 
 
 @contextmanager
-def serve_exporter(utilization: Mapping[int, float], row: dict[str, str] | None = None) -> Iterator[FakeNodeExporter]:
-    """An HTTP server on 127.0.0.1 answering /metrics as a node's nvidia_gpu_exporter would."""
-    state = FakeNodeExporter(port=0, row=row or capture_row(), utilization=dict(utilization))
+def serve_metrics(scrape: Callable[[], bytes]) -> Iterator[int]:
+    """An HTTP server on 127.0.0.1 answering /metrics with what ``scrape`` returns then; yields its port."""
 
-    class Exporter(http.server.BaseHTTPRequestHandler):
+    class Exporter(QuietHandler):
         def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
             if self.path != "/metrics":
                 self.send_error(404)
                 return
-            body = state.body()
-            state.scrapes += 1
+            body = scrape()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *_args: object) -> None:
-            pass
+    with serving(Exporter) as port:
+        yield port
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-    state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+
+@contextmanager
+def serve_exporter(utilization: Mapping[int, float], row: dict[str, str] | None = None) -> Iterator[FakeNodeExporter]:
+    """An HTTP server on 127.0.0.1 answering /metrics as a node's nvidia_gpu_exporter would."""
+    state = FakeNodeExporter(port=0, row=row or capture_row(), utilization=dict(utilization))
+
+    def scrape() -> bytes:
+        state.scrapes += 1
+        return state.body()
+
+    with serve_metrics(scrape) as port:
+        state.port = port
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()

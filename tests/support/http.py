@@ -1,18 +1,43 @@
-"""A stdlib HTTP client for servers the tests and benches start, a free port, counted Slurm calls."""
+"""A stdlib HTTP client for servers the tests and benches start, a stdlib server the tests serve, a free port, counted Slurm calls."""
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from tests.support.tenancy import ensure_service_user
 
 SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr")
+
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that keeps the test's output clean."""
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler], host: str = "127.0.0.1") -> Iterator[int]:
+    """Serves ``handler`` on ``host`` at a free port, in a thread, until the block ends; yields the port."""
+    server = ThreadingHTTPServer((host, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @dataclass

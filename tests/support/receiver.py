@@ -6,11 +6,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
+
+from tests.support.http import QuietHandler, serving
 
 
 @dataclass(frozen=True)
@@ -22,37 +23,46 @@ class Delivery:
 
 @dataclass
 class WebhookReceiver:
-    url: str
+    """What a customer's receiver got; each path answers the statuses queued in ``scripted``, then 200."""
+
+    base: str
     deliveries: list[Delivery] = field(default_factory=list)
+    scripted: dict[str, list[int]] = field(default_factory=dict)
+    redirects: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.base + "/hook"
+
+    def at(self, path: str) -> list[Delivery]:
+        return [delivery for delivery in self.deliveries if delivery.path == path]
 
 
 @contextmanager
 def serve_webhooks(host: str = "127.0.0.1") -> Iterator[WebhookReceiver]:
-    """Listens on ``host`` (any free port) until the block ends; ``url`` ends in /hook."""
+    """Listens on ``host`` (any free port) until the block ends; ``url`` is its /hook, ``base`` takes any path."""
     lock = threading.Lock()
-    state = WebhookReceiver(url="")
+    state = WebhookReceiver(base="")
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             with lock:
                 state.deliveries.append(Delivery(self.path, dict(self.headers), body))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
+                queued = state.scripted.get(self.path, [])
+                status = queued.pop(0) if queued else 200
+            if self.path in state.redirects:
+                self.send_response(302)
+                self.send_header("Location", state.redirects[self.path])
+            else:
+                self.send_response(status)
+            self.send_header("Content-Length", "2")
             self.end_headers()
+            self.wfile.write(b"ok")
 
-        def log_message(self, *_args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, 0), Handler)
-    state.url = f"http://{host}:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler, host) as port:
+        state.base = f"http://{host}:{port}"
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 class MailInbox:
