@@ -20,6 +20,8 @@ readonly BASE_DIR=${FRESHHOST_BASE_DIR:-/var/tmp/gpupool-freshhost}
 readonly HOST_ADDRESS=10.49.0.1 GUEST_ADDRESS=10.49.0.2 PREFIX_LENGTH=30
 readonly NFT_TABLE=gpupool_freshhost
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../lib/containers.sh
+. "$here/../lib/containers.sh"
 
 log() { echo "freshhost: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -29,7 +31,7 @@ veth_name() { echo "vfh-${1:0:10}"; }
 init_pid() { cat "$(host_dir "$1")/init.pid" 2>/dev/null; }
 
 up() {
-    local name=$1 dir root tarball image pid veth unit
+    local name=$1 dir root tarball image pid veth
     [[ $name =~ ^[a-z][a-z0-9-]{0,30}$ ]] || die "host name must be lower case letters, digits and -: $name"
     dir=$(host_dir "$name"); root=$dir/root; veth=$(veth_name "$name")
     [ ! -e "$dir" ] || die "$dir exists: run '$0 down $name' first"
@@ -53,47 +55,16 @@ up() {
     mount -t overlay "freshhost-$name" -o "lowerdir=$image,upperdir=$dir/upper,workdir=$dir/work" "$root"
     # dbus-daemon hangs in activation here (the sandbox's kernel refuses it
     # inotify); nothing make run does needs the system bus.
-    for unit in dbus.service dbus.socket e2scrub_reap.service; do
-        ln -sf /dev/null "$root/etc/systemd/system/$unit"
-    done
-
-    # What Debian's installer leaves: the host's name, found in /etc/hosts.
-    echo "$name" > "$root/etc/hostname"
-    printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' "$name" > "$root/etc/hosts"
-    cp -L /etc/resolv.conf "$root/etc/resolv.conf"
-    # The package registries as this machine reaches them: the certificate
-    # authorities it adds (a TLS-inspecting egress proxy's), its pip certificate
-    # and constraints (local wheel folders stay here).
-    if [ -f /etc/pip.conf ]; then
-        grep -vE '^\s*(find-links|extra-index-url)\s*=' /etc/pip.conf > "$root/etc/pip.conf" || true
-    fi
-    if [ -d /etc/xdg/pip ]; then
-        mkdir -p "$root/etc/xdg/pip"
-        for file in /etc/xdg/pip/*; do
-            grep -vE '^\s*(find-links|extra-index-url)\s*=' "$file" > "$root/etc/xdg/pip/$(basename "$file")" || true
-        done
-    fi
-
-    if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
-        cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
-        chroot "$root" /usr/sbin/update-ca-certificates >/dev/null 2>&1 ||
-            die "update-ca-certificates failed in $root"
-    fi
+    mask_units "$root" dbus.service dbus.socket e2scrub_reap.service
+    write_host_names "$root" "$name"
+    copy_registry_settings "$root"
 
     # PID 1 of its own namespaces; setsid so that nothing here signals it.
     setsid unshare --pid --fork --mount --uts --ipc --net --cgroup --mount-proc="$root/proc" \
         chroot "$root" /usr/bin/env -i container=gpupool-freshhost /lib/systemd/systemd --system \
         </dev/null >"$dir/console.log" 2>&1 &
     echo $! > "$dir/unshare.pid"
-    # unshare forks once: its child becomes the namespaces' PID 1 when it execs systemd.
-    local tries
-    pid=
-    for tries in $(seq 100); do
-        pid=$(pgrep -P "$(cat "$dir/unshare.pid")" | head -1 || true)
-        [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = systemd ] && break
-        pid=
-        sleep 0.1
-    done
+    pid=$(systemd_of "$(cat "$dir/unshare.pid")")
     [ -n "$pid" ] || { cat "$dir/console.log" >&2; die "systemd did not start in $root"; }
     echo "$pid" > "$dir/init.pid"
 
@@ -108,22 +79,10 @@ up() {
     nsenter -t "$pid" -n ip route add default via "$HOST_ADDRESS"
     sysctl -n net.ipv4.ip_forward > "$dir/ip_forward.before"
     sysctl -q -w net.ipv4.ip_forward=1
-    nft -f - <<NFT
-table ip $NFT_TABLE
-delete table ip $NFT_TABLE
-table ip $NFT_TABLE {
-    chain postrouting {
-        type nat hook postrouting priority srcnat; policy accept;
-        ip saddr $GUEST_ADDRESS/$PREFIX_LENGTH oifname != "$veth" masquerade
-    }
-    chain forward {
-        type filter hook forward priority filter; policy accept;
-        iifname "$veth" ip daddr { 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 } ip daddr != $(awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf) drop
-    }
-}
-NFT
+    nat_out "$NFT_TABLE" "$GUEST_ADDRESS/$PREFIX_LENGTH" "$veth"
 
     # systemd up far enough to run commands (degraded: container units fail).
+    local tries
     for tries in $(seq 300); do
         state=$(nsenter -t "$pid" -m -u -i -n -p -r -w /usr/bin/systemctl is-system-running 2>/dev/null || true)
         case $state in running|degraded) break ;; esac
@@ -163,13 +122,7 @@ down() {
     if [ -s "$dir/ip_forward.before" ]; then
         sysctl -q -w "net.ipv4.ip_forward=$(cat "$dir/ip_forward.before")" || true
     fi
-    if [ -d "$dir" ]; then
-        # Mounts made inside stayed in the host's own mount namespace.
-        if findmnt -rn -o TARGET | grep -q "^$dir/"; then
-            findmnt -rn -o TARGET | grep "^$dir/" | sort -r | xargs -r -n1 umount -l
-        fi
-        rm -rf --one-file-system "$dir"
-    fi
+    remove_container_dir "$dir"
     log "$name is down"
 }
 

@@ -16,15 +16,11 @@ readonly SUITE=${FRESHHOST_SUITE:-bookworm}
 readonly PACKAGES=systemd-sysv,dbus,iproute2,ca-certificates,git,make,curl
 readonly IMAGE_FORMAT=1
 readonly CACHE_DIR=${FRESHHOST_CACHE_DIR:-/var/cache/gpupool-freshhost}
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../lib/containers.sh
+. "$here/../lib/containers.sh"
 
-# The archive this machine's apt uses (deb822 or one-line sources), so the
-# fresh host reaches the same package registry.
-mirror() {
-    local uri
-    uri=$(grep -hoE '^URIs: *\S+' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '$2 ~ /\/debian\/?$/ {print $2; exit}')
-    [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-    echo "${FRESHHOST_MIRROR:-${uri:-http://deb.debian.org/debian}}"
-}
+mirror() { debian_mirror "${FRESHHOST_MIRROR:-}"; }
 
 image_path() {
     local key
@@ -49,13 +45,9 @@ build() {
         exit 1
     fi
     # A container cannot run these; in a VM they would do nothing the test needs.
-    local unit
-    for unit in systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
-                systemd-networkd.service systemd-logind.service systemd-remount-fs.service \
-                systemd-resolved.service getty@tty1.service console-getty.service \
-                systemd-timesyncd.service; do
-        ln -sf /dev/null "$root/etc/systemd/system/$unit"
-    done
+    mask_units "$root" systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
+        systemd-networkd.service systemd-logind.service systemd-remount-fs.service \
+        systemd-resolved.service getty@tty1.service console-getty.service systemd-timesyncd.service
     # As an installer leaves it: no apt lists, no host name of its own yet.
     rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/archives/*.deb
     : > "$root/etc/machine-id"

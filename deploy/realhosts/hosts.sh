@@ -27,6 +27,8 @@ readonly BRIDGE=gpr0 BRIDGE_ADDRESS=10.50.0.1 PREFIX_LENGTH=24 NETWORK=10.50.0.0
 readonly NFT_TABLE=gpupool_realhosts
 readonly SSH_DIR=$BASE_DIR/ssh SHARED_DIR=$BASE_DIR/shared SHARED_PATH=/srv/gpupool
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../lib/containers.sh
+. "$here/../lib/containers.sh"
 
 log() { echo "realhosts: $(date -u +%H:%M:%S) $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -54,42 +56,19 @@ link_up() {
     fi
     [ -s "$BASE_DIR/ip_forward.before" ] || sysctl -n net.ipv4.ip_forward > "$BASE_DIR/ip_forward.before"
     sysctl -q -w net.ipv4.ip_forward=1
-    local nameserver
-    nameserver=$(awk '/^nameserver/ {print $2; exit}' /etc/resolv.conf)
-    # NAT to the package registries; nothing else private on this machine's
-    # side is reachable from the servers, except its resolver.
-    nft -f - <<NFT
-table ip $NFT_TABLE
-delete table ip $NFT_TABLE
-table ip $NFT_TABLE {
-    chain postrouting {
-        type nat hook postrouting priority srcnat; policy accept;
-        ip saddr $NETWORK oifname != "$BRIDGE" masquerade
-    }
-    chain forward {
-        type filter hook forward priority filter; policy accept;
-        iifname "$BRIDGE" oifname != "$BRIDGE" ip daddr { 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 } ip daddr != $nameserver drop
-    }
-}
-NFT
+    nat_out "$NFT_TABLE" "$NETWORK" "$BRIDGE"
 }
 
 # What makes this server itself, written into its own layer before its first boot.
 identity() {
     local name=$1 address=$2 root=$3 type file
-    echo "$name" > "$root/etc/hostname"
-    printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' "$name" \
-        > "$root/etc/hosts"
-    rm -f "$root/etc/resolv.conf"
-    cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+    write_host_names "$root" "$name"
     for type in ed25519 ecdsa rsa; do
         ssh-keygen -q -t "$type" -N '' -C "root@$name" -f "$root/etc/ssh/ssh_host_${type}_key"
     done
     install -d -o 1000 -g 1000 -m 0700 "$root/home/admin/.ssh"
     install -o 1000 -g 1000 -m 0600 "$SSH_DIR/id_ed25519.pub" "$root/home/admin/.ssh/authorized_keys"
-    # This machine's package registries as it reaches them: apt sources and
-    # settings, the certificate authorities it adds (a TLS-inspecting egress
-    # proxy's), its pip settings (local wheel folders stay here).
+    # This machine's apt sources and settings, then what copy_registry_settings brings.
     if compgen -G '/etc/apt/sources.list.d/*.sources' >/dev/null; then
         cp /etc/apt/sources.list.d/*.sources "$root/etc/apt/sources.list.d/"
         rm -f "$root/etc/apt/sources.list"
@@ -97,19 +76,7 @@ identity() {
     for file in /etc/apt/apt.conf.d/99*; do
         [ -f "$file" ] && grep -qiE 'Acquire::(Check|https?::Proxy|IndexTargets)' "$file" && cp "$file" "$root/etc/apt/apt.conf.d/"
     done
-    if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
-        cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
-        chroot "$root" /usr/sbin/update-ca-certificates >/dev/null 2>&1 || die "update-ca-certificates failed in $root"
-    fi
-    if [ -f /etc/pip.conf ]; then
-        grep -vE '^\s*(find-links|extra-index-url)\s*=' /etc/pip.conf > "$root/etc/pip.conf" || true
-    fi
-    if [ -d /etc/xdg/pip ]; then
-        mkdir -p "$root/etc/xdg/pip"
-        for file in /etc/xdg/pip/*; do
-            grep -vE '^\s*(find-links|extra-index-url)\s*=' "$file" > "$root/etc/xdg/pip/$(basename "$file")" || true
-        done
-    fi
+    copy_registry_settings "$root"
     sed -i "/^$address /d" "$SSH_DIR/known_hosts"
     for type in ed25519 ecdsa rsa; do
         echo "$address $(cut -d' ' -f1,2 "$root/etc/ssh/ssh_host_${type}_key.pub")" >> "$SSH_DIR/known_hosts"
@@ -141,7 +108,7 @@ up() {
 
 # PID 1 of the server, booted again whenever it exits for a reboot.
 supervise() {
-    local name=$1 dir root address veth upid pid status tries boots=0
+    local name=$1 dir root address veth upid pid status boots=0
     dir=$(host_dir "$name"); root=$dir/root; address=$(cat "$dir/address"); veth=$(veth_name "$name")
     echo $$ > "$dir/supervisor.pid"
     while :; do
@@ -158,13 +125,7 @@ supervise() {
                           exec /usr/bin/env -i container=gpupool-realhosts /lib/systemd/systemd --system' \
             pivot "$root" </dev/null >>"$dir/console.log" 2>&1 &
         upid=$!
-        pid=
-        for tries in $(seq 100); do
-            pid=$(pgrep -P "$upid" | head -1 || true)
-            [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = systemd ] && break
-            pid=
-            sleep 0.1
-        done
+        pid=$(systemd_of "$upid")
         if [ -z "$pid" ]; then
             log "$name: systemd did not start (boot $boots)"
             kill -KILL "$upid" 2>/dev/null || true
@@ -233,13 +194,7 @@ down() {
     if [ -s "$dir/address" ] && [ -f "$SSH_DIR/known_hosts" ]; then
         sed -i "/^$(cat "$dir/address") /d" "$SSH_DIR/known_hosts"
     fi
-    if [ -d "$dir" ]; then
-        # Mounts made inside stayed in the server's own mount namespace; these are ours.
-        if findmnt -rn -o TARGET | grep -q "^$dir/"; then
-            findmnt -rn -o TARGET | grep "^$dir/" | sort -r | xargs -r -n1 umount -l
-        fi
-        rm -rf --one-file-system "$dir"
-    fi
+    remove_container_dir "$dir"
     log "$name is down"
 }
 

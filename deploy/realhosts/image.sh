@@ -23,15 +23,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 log() { echo "realhosts: $*" >&2; }
 die() { log "$*"; exit 1; }
+# shellcheck source=../lib/containers.sh
+. "$here/../lib/containers.sh"
 
-# The archive this machine's apt uses (deb822 or one-line sources), so the
-# hosts reach the same package registry.
-mirror() {
-    local uri
-    uri=$(grep -hoE '^URIs: *\S+' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '$2 ~ /\/debian\/?$/ {print $2; exit}')
-    [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-    echo "${REALHOSTS_MIRROR:-${uri:-http://deb.debian.org/debian}}"
-}
+mirror() { debian_mirror "${REALHOSTS_MIRROR:-}"; }
 
 image_dir() {
     local key
@@ -71,14 +66,11 @@ build() {
     # up from outside, no consoles), and dbus-daemon, which hangs in
     # activation here (the sandbox's kernel refuses it inotify); systemctl
     # reaches systemd over its private socket without it.
-    local unit
-    for unit in systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
-                systemd-networkd.service systemd-networkd.socket systemd-logind.service \
-                systemd-remount-fs.service systemd-resolved.service getty@tty1.service \
-                console-getty.service systemd-timesyncd.service dbus.service dbus.socket \
-                e2scrub_reap.service systemd-networkd-wait-online.service; do
-        ln -sf /dev/null "$root/etc/systemd/system/$unit"
-    done
+    mask_units "$root" systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
+        systemd-networkd.service systemd-networkd.socket systemd-logind.service \
+        systemd-remount-fs.service systemd-resolved.service getty@tty1.service \
+        console-getty.service systemd-timesyncd.service dbus.service dbus.socket \
+        e2scrub_reap.service systemd-networkd-wait-online.service
 
     # As an installer leaves it: no apt lists, no downloaded packages.
     rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/archives/*.deb
