@@ -66,6 +66,12 @@ def render_arguments(ansible_dir: Path, out: Path, *extra: str) -> list[str]:
     return ["-e", f"render_dir={out}", "-e", f"render_fixtures={ansible_dir / 'tests' / 'fixtures'}", *extra]
 
 
+# The Slurm files (slurm.conf, gres.conf, cgroup.conf, the job hooks) and the boot and
+# driver decisions they depend on, in a quarter of a full render's time: a test that
+# checks only these renders only these (tests/render.yml's tags).
+SLURM_FILES = ("--tags", "driver,slurm")
+
+
 def render(ansible_dir: Path, out: Path, *extra: str) -> PlaybookRun:
     return run_playbook(ansible_dir, "example", "tests/render.yml", *render_arguments(ansible_dir, out, *extra))
 
@@ -726,7 +732,7 @@ def test_rendering_again_changes_nothing(rendered: Rendered) -> None:
 
 
 def test_cron_can_run_billing_instead_of_the_timer(repo_root: Path, tmp_path: Path) -> None:
-    render(repo_root / "deploy" / "ansible", tmp_path, "-e", "gpupool_api_billing_scheduler=cron")
+    render(repo_root / "deploy" / "ansible", tmp_path, "--tags", "api", "-e", "gpupool_api_billing_scheduler=cron")
     cron = config_lines((tmp_path / "ctl1" / "etc" / "cron.d" / "gpupool-billing").read_text())
     wrapper = tmp_path / "ctl1" / "usr" / "local" / "sbin" / "gpupool"
     assert cron[-1] == f"*/5 * * * * root flock --nonblock /run/lock/gpupool-billing.lock {wrapper} billing run"
@@ -864,7 +870,7 @@ def test_container_runtime_prolog_gives_the_job_user_private_enroot_folders(rend
 def test_container_runtime_off_leaves_slurm_conf_without_hooks(repo_root: Path, tmp_path: Path) -> None:
     # inventories/local turns the role off, and has no cgroups: its slurm.conf must stay as it was.
     render(
-        repo_root / "deploy" / "ansible", tmp_path, "-e", "container_runtime_enabled=false",
+        repo_root / "deploy" / "ansible", tmp_path, *SLURM_FILES, "-e", "container_runtime_enabled=false",
         "-e", "slurm_common_proctrack_type=proctrack/linuxproc",
     )
     settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
@@ -1060,7 +1066,11 @@ def test_a_dead_compute_node_is_skipped_and_keeps_its_slurm_conf_line(rendered: 
     out = tmp_path / "render"
     shutil.copytree(rendered.root, out, symlinks=True)
     before = (out / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text()
-    output = render_refused(repo_root.joinpath(*ANSIBLE_DIR_PARTS), out, "-e", json.dumps({"render_fail_hosts": ["gpu02"]}))
+    api_unit = out / "ctl1" / "etc" / "systemd" / "system" / "gpupool-api.service"
+    api_unit.unlink()
+    output = render_refused(
+        repo_root.joinpath(*ANSIBLE_DIR_PARTS), out, "--tags", "driver,slurm,api", "-e", json.dumps({"render_fail_hosts": ["gpu02"]})
+    )
     recap = output[output.rfind("PLAY RECAP"):]
     assert re.search(r"^gpu02\s*:.*failed=1", recap, re.MULTILINE)
     assert re.search(r"^ctl1\s*:.*failed=0", recap, re.MULTILINE) and re.search(r"^gpu01\s*:.*failed=0", recap, re.MULTILINE)
@@ -1069,12 +1079,12 @@ def test_a_dead_compute_node_is_skipped_and_keeps_its_slurm_conf_line(rendered: 
     assert (out / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text() == before
     assert (out / "gpu01" / "etc" / "slurm" / "slurm.conf").read_text() == before
     # The API host's configuration still converged.
-    assert (out / "ctl1" / "etc" / "systemd" / "system" / "gpupool-api.service").exists()
+    assert api_unit.exists()
 
 
 def test_a_dead_node_never_configured_joins_slurm_conf_at_a_later_run(repo_root: Path, tmp_path: Path) -> None:
     # A first install with gpu02 down: the others converge without it.
-    output = render_refused(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "-e", json.dumps({"render_fail_hosts": ["gpu02"]}))
+    output = render_refused(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, *SLURM_FILES, "-e", json.dumps({"render_fail_hosts": ["gpu02"]}))
     assert "gpu02 is unreachable or failed earlier in this run (see the recap): it has no node line yet" in output
     settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
     assert [line.split()[0] for line in settings if line.startswith("NodeName=")] == ["NodeName=gpu01"]
@@ -1200,7 +1210,7 @@ def test_prometheus_scrapes_the_address_the_exporters_listen_on(repo_root: Path,
         host_vars.write("# Its ansible_host is public; metrics stay on the private network.\nmonitoring_listen_address: 192.168.50.21\n")
     out = tmp_path / "out"
     ansible_dir = repo_root / "deploy" / "ansible"
-    run_playbook(ansible_dir, str(inventory), "tests/render.yml", *render_arguments(ansible_dir, out))
+    run_playbook(ansible_dir, str(inventory), "tests/render.yml", *render_arguments(ansible_dir, out, "--tags", "monitoring"))
     exporter = unit_settings((out / "gpu01" / "etc/systemd/system/gpu-exporter.service").read_text())["Service"]["ExecStart"]
     assert exporter[0].endswith("--web.listen-address=192.168.50.21:9400")
     config = yaml.safe_load((out / "ctl1" / "etc/prometheus/prometheus.yml").read_text())
@@ -1335,7 +1345,7 @@ def node_lines(out: Path, host: str = "ctl1") -> list[str]:
 
 def test_nodes_waiting_for_their_reboot_get_node_lines_from_the_inventory(repo_root: Path, tmp_path: Path) -> None:
     # A first install with reboots disallowed: no driver is loaded on either GPU box, so nothing can be discovered.
-    run = render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, "-e", json.dumps({"render_reboot_pending_hosts": ["gpu01", "gpu02"]}))
+    run = render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, *SLURM_FILES, "-e", json.dumps({"render_reboot_pending_hosts": ["gpu01", "gpu02"]}))
     assert run.changed["ctl1"] > 0
     assert node_lines(tmp_path) == [
         "NodeName=gpu01 NodeAddr=10.0.0.21 CPUs=64 Sockets=2 CoresPerSocket=16 ThreadsPerCore=2 RealMemory=231300 Gres=gpu:rtx4090:4 State=UNKNOWN",
@@ -1360,7 +1370,7 @@ def test_a_node_waiting_for_its_reboot_keeps_its_slurm_conf_line_and_gres_conf(r
     before = {host: rendered_text(out, host, "etc/slurm/slurm.conf") for host in ("ctl1", "gpu01", "gpu02")}
     gres_before = rendered_text(out, "gpu02", "etc/slurm/gres.conf")
     job_submit_before = rendered_text(out, "ctl1", "etc/slurm/job_submit.lua")
-    run = render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), out, "-e", json.dumps({"render_reboot_pending_hosts": ["gpu02"]}))
+    run = render(repo_root.joinpath(*ANSIBLE_DIR_PARTS), out, *SLURM_FILES, "-e", json.dumps({"render_reboot_pending_hosts": ["gpu02"]}))
     assert "gpu02 cannot report its GPUs before its reboot: its node line stays as the controller has it" in run.output
     # (Files naming the render folder change with the copy; these name none.)
     assert {host: rendered_text(out, host, "etc/slurm/slurm.conf") for host in before} == before
@@ -1370,7 +1380,7 @@ def test_a_node_waiting_for_its_reboot_keeps_its_slurm_conf_line_and_gres_conf(r
 
 def test_an_unreachable_node_the_inventory_describes_fully_gets_its_node_line(repo_root: Path, tmp_path: Path) -> None:
     output = render_refused(
-        repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path,
+        repo_root.joinpath(*ANSIBLE_DIR_PARTS), tmp_path, *SLURM_FILES,
         "-e", json.dumps({"render_fail_hosts": ["gpu02"], "slurm_node_cpus": 24, "slurm_node_real_memory": 115200}),
     )
     assert "gpu02 is unreachable or failed earlier in this run (see the recap): its node line is written from the inventory" in output

@@ -19,7 +19,6 @@ from tests.support.tenancy import ensure_service_user
 SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr")
 
 
-
 class QuietHandler(BaseHTTPRequestHandler):
     """A request handler that keeps the test's output clean."""
 
