@@ -14,16 +14,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Select, String, bindparam, case, cast, func, null, select, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ColumnElement,
+    CompoundSelect,
+    String,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal,
+    null,
+    select,
+    text,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
 from billing.calendar import period_of
 from billing.money import format_nanos
 from billing.price_book import NORMAL_TIER, SPOT_TIER, PriceBook
-from billing.prices import load_prices
 from gpupool.db.locks import BUDGET_CHECK
 from gpupool.errors import NotFound, PaymentRequired, PriceMissing
-from gpupool.models import Account, AccountSpend, Job, LedgerEntry
+from gpupool.models import Account, AccountSpend, Job, LedgerEntry, Price
 
 # The statements of the check a submit runs are built once, their values bound at each
 # execution: SQLAlchemy caches the SQL it compiles, not the statement's objects, and
@@ -76,8 +90,13 @@ _SQLITE_LOCK = _BALANCE.add_columns(null())
 _SQLITE_LOCK_WITH_MEMBER = _BALANCE.add_columns(null(), _MEMBER_SPENT)
 
 
-def _committed_query() -> Select[int, str | None, bool, bool | None, int]:
-    """The worst case still to come of the account's unfinished API jobs, in a few rows.
+def _prices_and_committed_query() -> CompoundSelect:
+    """The price rows, then the worst case still to come of the account's unfinished API jobs, in a few rows.
+
+    One statement, so the check reads both in one round trip (after the lock:
+    the queued jobs must include every submit let in before it). Price rows
+    come first, so that their columns' types serve the union's; the job rows
+    carry NULL in the price columns, and the price rows in the job columns.
 
     Each job's worst case is its GPU-seconds at the highest price of its type and
     tier, less what it was billed so far, and never below 0. Jobs not billed yet
@@ -86,6 +105,17 @@ def _committed_query() -> Select[int, str | None, bool, bool | None, int]:
     a row of its own, for its own floor at 0. So an account with thousands of
     queued jobs costs the check a few rows, not one each.
     """
+    prices = select(
+        literal(_PRICE_ROW, String).label("kind"),
+        Price.gpu_type,
+        Price.effective_from,
+        Price.unit_price_nanos,
+        Price.tier,
+        cast(null(), BigInteger).label("gpu_seconds"),
+        cast(null(), Boolean).label("preemptible"),
+        cast(null(), Boolean).label("mine"),
+        cast(null(), BigInteger).label("billed"),
+    )
     # The correlated sum reads each job's rows through ix_ledger_gpupool_job.
     billed = (
         select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0))
@@ -106,14 +136,24 @@ def _committed_query() -> Select[int, str | None, bool, bool | None, int]:
         .where(Job.account == _ACCOUNT, Job.finished.is_(False), Job.gpus > 0)
         .subquery()
     )
-    return select(
-        func.sum(jobs.c.gpu_seconds), jobs.c.gpu_type, jobs.c.preemptible, jobs.c.mine, func.sum(jobs.c.billed)
+    committed = select(
+        literal(_JOBS_ROW, String),
+        jobs.c.gpu_type,
+        null(),
+        null(),
+        null(),
+        func.sum(jobs.c.gpu_seconds),
+        jobs.c.preemptible,
+        jobs.c.mine,
+        func.sum(jobs.c.billed),
     ).group_by(
         jobs.c.gpu_type, jobs.c.preemptible, jobs.c.mine, case((jobs.c.billed == 0, None), else_=jobs.c.id)
     )
+    return union_all(prices, committed)
 
 
-_COMMITTED = _committed_query()
+_PRICE_ROW, _JOBS_ROW = "price", "jobs"
+_PRICES_AND_COMMITTED = _prices_and_committed_query()
 
 
 @dataclass(frozen=True)
@@ -172,16 +212,26 @@ class Committed:
     member_nanos: int
 
 
-def _committed(session: Session, account: str, prices: PriceBook, now: dt.datetime, subject: str | None) -> Committed:
-    """Worst case still to come from the account's unfinished API jobs (and ``subject``'s), net of what is billed."""
+def _prices_and_committed(
+    session: Session, account: str, now: dt.datetime, subject: str | None
+) -> tuple[PriceBook, Committed]:
+    """The price book, and the worst case still to come from the account's unfinished API jobs (and ``subject``'s), net of what is billed."""
+    price_rows: list[tuple[str, dt.datetime, int, str]] = []
+    job_rows: list[tuple[Any, str | None, bool, bool, Any]] = []
+    rows = session.execute(_PRICES_AND_COMMITTED, {"account": account, "subject": subject})
+    for kind, gpu_type, effective_from, unit_price_nanos, tier, gpu_seconds, preemptible, mine, billed in rows:
+        if kind == _PRICE_ROW:
+            price_rows.append((gpu_type, effective_from, unit_price_nanos, tier))
+        else:
+            job_rows.append((gpu_seconds, gpu_type, bool(preemptible), bool(mine), billed))
+    prices = PriceBook(price_rows)
     total = mine_total = 0
-    rows = session.execute(_COMMITTED, {"account": account, "subject": subject})
-    for gpu_seconds, gpu_type, preemptible, mine, billed in rows:
+    for gpu_seconds, gpu_type, preemptible, mine, billed in job_rows:
         left = max(0, int(gpu_seconds) * prices.highest(gpu_type, now, _tier(preemptible)) - int(billed))
         total += left
         if mine:
             mine_total += left
-    return Committed(total, mine_total)
+    return prices, Committed(total, mine_total)
 
 
 def _tier(preemptible: bool) -> str:
@@ -283,7 +333,7 @@ def check_spend(
     (Each run of a requeued spot job may use its whole time limit again, so a
     preempted job can spend past this check; the account's Slurm budget, at the
     dearest price, still stops it.) One read of the prices and one of the
-    unfinished jobs serve both checks.
+    unfinished jobs (one statement) serve both checks.
     Runs under ``lock``, which the caller's transaction holds until it ends:
     insert the job row and commit in that transaction.
     """
@@ -293,15 +343,13 @@ def check_spend(
 
     def worst() -> tuple[int, Committed]:
         nonlocal prices, committed
-        if prices is None:
-            prices = load_prices(session)
+        if prices is None or committed is None:
+            prices, committed = _prices_and_committed(session, account, now, lock.member)
         cost = worst_case(
             prices, gpus=gpus, gpu_type=gpu_type, time_limit_min=time_limit_min, now=now, tasks=tasks, preemptible=preemptible
         )
         if cost.amount_nanos is None:
             raise cost.price_missing or PriceMissing(f"no price for GPU type {gpu_type!r}")
-        if committed is None:
-            committed = _committed(session, account, prices, now, lock.member)
         return cost.amount_nanos, committed
 
     if member_limit_nanos is not None:
