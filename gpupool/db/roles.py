@@ -4,8 +4,9 @@ One database, one owner. The migrating role owns every table and runs
 ``gpupool db upgrade`` and the operator's commands; the API, the billing
 worker, the webhook sender and the email sender log in as roles of their own
 that get exactly the privileges below (the last two are optional: a site
-without them runs the webhook sender with the API's role and the email sender
-with the owner's). The API can therefore
+without them runs the webhook sender with the API's role, which then also
+gets the sender's privileges, and the email sender with the owner's). The API
+can therefore
 never write the ledger, prices or adjustments, billing can only add ledger
 rows, and the two senders touch nothing but their own queue; the triggers of
 migrations 0005 and 0024 refuse UPDATE, DELETE and TRUNCATE of ledger rows and
@@ -71,15 +72,16 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # The web pages' sign-ins: made at sign-in, deleted at sign-out (and once expired).
     "web_sessions": {API: ("SELECT", "INSERT", "DELETE"), BILLING: NONE},
     # Customers register endpoints through the API (a forgotten job's callback goes
-    # with it); the API's refresher records events, and billing enqueues budget.threshold
-    # events and their deliveries in its pass. `gpupool webhooks run` reads each due
-    # delivery's event and endpoint (its URL and signing secret), claims and marks the
-    # delivery (FOR UPDATE needs UPDATE) and records its attempts. A sender run with the
-    # API's role instead (no webhooks role) may do the same.
+    # with it); the API's refresher records events and enqueues their deliveries, and
+    # billing enqueues budget.threshold events and their deliveries in its pass; the API
+    # shows each delivery and its attempts. Only `gpupool webhooks run` reads each due
+    # delivery's event and endpoint (its URL and signing secret) to send it, claims and
+    # marks the delivery (FOR UPDATE needs UPDATE) and records its attempts: a site without
+    # a webhooks role runs it with the API's, which then gets these too (see privileges_of).
     "webhook_endpoints": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: READ, WEBHOOKS: READ},
     "webhook_events": {API: APPEND, BILLING: APPEND, WEBHOOKS: READ},
-    "webhook_deliveries": {API: READ_WRITE, BILLING: APPEND, WEBHOOKS: ("SELECT", "UPDATE")},
-    "webhook_attempts": {API: APPEND, BILLING: NONE, WEBHOOKS: APPEND},
+    "webhook_deliveries": {API: APPEND, BILLING: APPEND, WEBHOOKS: ("SELECT", "UPDATE")},
+    "webhook_attempts": {API: READ, BILLING: NONE, WEBHOOKS: APPEND},
     # Spend alerts: billing records each crossed threshold and enqueues its email;
     # the API shows which fired and `gpupool email send-due` sends the outbox.
     # Thresholds are the account's own (PUT /account/alerts), in a table of their own
@@ -174,6 +176,16 @@ def _sequences_of(connection: Connection, table: str) -> list[str]:
     )
 
 
+def privileges_of(table: str, service: str, roles: ServiceRoles) -> tuple[str, ...]:
+    """What ``service``'s role is granted on ``table``: its line in ``TABLE_ACCESS``, and the webhook sender's where the API runs it."""
+    privileges = TABLE_ACCESS[table].get(service, NONE)
+    if service == API and not roles.webhooks:
+        # No webhooks role: the sender logs in as the API, so the API's role holds its privileges too.
+        sender = TABLE_ACCESS[table].get(WEBHOOKS, NONE)
+        privileges = privileges + tuple(privilege for privilege in sender if privilege not in privileges)
+    return privileges
+
+
 def grant_statements(connection: Connection, roles: ServiceRoles) -> list[str]:
     """REVOKE and GRANT statements that give every service role exactly ``TABLE_ACCESS``."""
     tables = set(inspect(connection).get_table_names())
@@ -193,7 +205,7 @@ def grant_statements(connection: Connection, roles: ServiceRoles) -> list[str]:
     ]
     for table in sorted(tables):
         for service, role in roles.by_service().items():
-            privileges = TABLE_ACCESS[table].get(service, NONE)
+            privileges = privileges_of(table, service, roles)
             if not privileges:
                 continue
             statements.append(f"GRANT {', '.join(privileges)} ON {quote(table)} TO {quote(role)}")

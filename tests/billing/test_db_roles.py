@@ -396,6 +396,15 @@ def test_each_sender_role_holds_its_own_queue_and_no_other_role_gained_anything(
          "webhook_events"),
     ):
         assert_permission_denied(roles_db.webhooks_url, statement, table)
+    # The API enqueues deliveries and shows them with their attempts; only the sender marks them and records attempts.
+    assert {privilege for table, privilege in grants["api"] if table == "webhook_deliveries"} == {"SELECT", "INSERT"}
+    assert {privilege for table, privilege in grants["api"] if table == "webhook_attempts"} == {"SELECT"}
+    for statement, table in (
+        ("UPDATE webhook_deliveries SET state = 'delivered'", "webhook_deliveries"),
+        ("SELECT id FROM webhook_deliveries FOR UPDATE", "webhook_deliveries"),
+        ("INSERT INTO webhook_attempts (delivery_id, attempted_at, duration_ms) VALUES (1, now(), 1)", "webhook_attempts"),
+    ):
+        assert_permission_denied(roles_db.api_url, statement, table)
     for statement, table in (
         ("SELECT name FROM accounts", "accounts"),
         ("SELECT secret FROM webhook_endpoints", "webhook_endpoints"),
@@ -404,6 +413,25 @@ def test_each_sender_role_holds_its_own_queue_and_no_other_role_gained_anything(
          " VALUES ('acme', 'x@example.com', 's', 'b', 'pending', 0, now(), now())", "email_outbox"),
     ):
         assert_permission_denied(roles_db.email_url, statement, table)
+
+
+def test_without_a_webhooks_role_the_api_role_holds_the_senders_privileges_until_one_is_named(roles_db: RolesDb) -> None:
+    """A site without a webhooks role runs `gpupool webhooks run` with the API's role: that role then needs the sender's grants."""
+    sender_only = {("webhook_deliveries", "UPDATE"), ("webhook_attempts", "INSERT")}
+    named = {
+        "GPUPOOL_DATABASE_API_ROLE": roles_db.roles["api"], "GPUPOOL_DATABASE_BILLING_ROLE": roles_db.roles["billing"],
+        "GPUPOOL_DATABASE_EMAIL_ROLE": roles_db.roles["email"],
+    }
+    try:
+        upgraded = roles_db.owner.cli("db", "upgrade", **named)
+        assert upgraded.returncode == 0, upgraded.stderr
+        assert sender_only <= table_grants(roles_db)["api"]
+    finally:
+        upgraded = roles_db.owner.cli("db", "upgrade", **named, GPUPOOL_DATABASE_WEBHOOKS_ROLE=roles_db.roles["webhooks"])
+        assert upgraded.returncode == 0, upgraded.stderr
+    grants = table_grants(roles_db)
+    assert not sender_only & grants["api"]
+    assert {kind: grants[kind] for kind in SENDER_GRANTS} == SENDER_GRANTS
 
 
 def test_the_email_sender_sends_the_outbox_as_the_email_role(billed: RolesDb, tmp_path: Path) -> None:
@@ -548,7 +576,9 @@ def test_a_real_pass_runs_as_the_billing_role(billed: RolesDb) -> None:
 def test_the_idle_check_runs_as_the_api_role_and_exits_3_for_a_node_it_cannot_read(
         billed: RolesDb, job_root: Path, runas_socket: str) -> None:
     """`gpupool idle check` as gpupool-idle-check.service runs it; status 3 is what its unit accepts."""
-    settings = base_settings(database_url=billed.api_url, job_root=str(job_root), runas_socket=runas_socket)
+    settings = base_settings(
+        database_url=billed.api_url, job_root=str(job_root), runas_socket=runas_socket, webhook_allow_cidrs=("127.0.0.0/8",)
+    )
     engine = db.make_engine(billed.api_url)
     slurm = SlurmClient(settings)
     exporter_url = {"GPUPOOL_GPU_EXPORTER_URL": "http://127.0.0.1:{port}/metrics"}
@@ -582,7 +612,9 @@ def test_the_idle_check_runs_as_the_api_role_and_exits_3_for_a_node_it_cannot_re
 
 @pytest.mark.cluster
 def test_the_api_submits_and_shows_a_job_as_the_api_role(billed: RolesDb, job_root: Path, runas_socket: str) -> None:
-    settings = base_settings(database_url=billed.api_url, job_root=str(job_root), runas_socket=runas_socket)
+    settings = base_settings(
+        database_url=billed.api_url, job_root=str(job_root), runas_socket=runas_socket, webhook_allow_cidrs=("127.0.0.0/8",)
+    )
     engine = db.make_engine(billed.api_url)
     slurm = SlurmClient(settings)
     try:
@@ -596,11 +628,20 @@ def test_the_api_submits_and_shows_a_job_as_the_api_role(billed: RolesDb, job_ro
             headers = bearer(billed.owner.settings, account)
             app = create_app(settings, slurm=slurm, session_factory=db.make_session_factory(engine))
             client = app.test_client()
+            registered = client.post("/webhooks", headers=headers, json={"url": "http://127.0.0.1:9/hook", "events": ["job.ended"]})
+            assert registered.status_code == 201, registered.get_json()
             created = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "params": {"seconds": 1}})
             assert created.status_code == 201, created.get_json()
             job_id = created.get_json()["job_id"]
             shown = client.get(f"/jobs/{job_id}", headers=headers)
             assert shown.status_code == 200 and shown.get_json()["job_id"] == job_id
+            # The refresher, as the API role, records the job's end and enqueues its delivery (the sender's
+            # privileges are not the API's), and the API shows it, not yet attempted.
+            wait_for_state(client, job_id, headers, {"COMPLETED"})
+            endpoint_id = registered.get_json()["id"]
+            listed = client.get(f"/webhooks/{endpoint_id}/deliveries", headers=headers)
+            assert listed.status_code == 200, listed.get_json()
+            assert [(d["job_id"], d["state"], d["attempts"]) for d in listed.get_json()["deliveries"]] == [(job_id, "pending", [])]
             # A member with limits of their own: the member's spend is read under the same lock.
             added = client.put("/account/members/bob", headers=headers, json={"role": "member", "gpu_limit": 1, "monthly_limit": "5.00"})
             assert added.status_code == 200, added.get_json()
