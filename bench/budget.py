@@ -1,12 +1,15 @@
 """bench/budget: the budget check of an account with 500,000 ledger rows.
 
 The rows are generated inside PostgreSQL: the account's two years of charges
-(one row per run, spread over 24 months), as many rows of other accounts,
-and 1,000 of its adjustments. Then, for that account, this script times
-``lock_budget`` (the statement every ``POST /submit`` of a budgeted account
-runs under its lock; in a transaction rolled back each time) and ``balance``
-(what ``/usage``, spend alerts and ``push_budgets`` read), and prints the
-spend they read: runs of two versions must print the same figures.
+(one row per run, spread over 24 months, each run an API job of one of its
+five members), as many rows of other accounts, and 1,000 of its adjustments.
+Then, for that account, this script times ``lock_budget`` (the statement
+every ``POST /submit`` of a budgeted account runs under its lock; in a
+transaction rolled back each time), the same for a member with a monthly
+limit of their own (the statement also reads what that member's jobs were
+billed this month), and ``balance`` (what ``/usage``, spend alerts and
+``push_budgets`` read), and prints the spend they read: runs of two versions
+must print the same figures.
 
 Usage: python bench/budget.py [--rows 500000] [--repeat 200]
 """
@@ -33,10 +36,16 @@ INSERT INTO billing_passes (id, kind, started_at, finished_at, source, source_sh
 VALUES (1, 'bench', now(), now(), 'bench', '', 0, 0, 0);
 INSERT INTO accounts (name, gpu_limit, prepaid_credit_nanos, monthly_limit_nanos, created_at)
 VALUES ('acme', NULL, 1000000000000000, 100000000000000, now());
+INSERT INTO jobs (id, account, owner, name, template, params, gpus, cpus, mem_gb, time_limit_min, preemptible, job_dir,
+    state, finished, request_hash, created_at, updated_at)
+SELECT 'job-' || i, 'acme', 'member' || (i % 5), 'job', 'hello', '{}', 1, 1, 1, 60, false, '/nonexistent', 'COMPLETED',
+       true, '', now(), now()
+FROM generate_series(2, 2 * :rows, 2) AS i;
 INSERT INTO ledger_entries (pass_id, account, cluster, slurm_job_id, job_id_raw, run_start, gpupool_job_id, job_name,
     state, gpu_type, gpus, period, interval_from, interval_to, seconds, gpu_seconds, unit_price_nanos, amount_nanos,
     correction, final)
-SELECT 1, CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'other' || (i % 101) END, 'gpupool', i::text, i, t, NULL, 'job',
+SELECT 1, CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'other' || (i % 101) END, 'gpupool', i::text, i, t,
+       CASE WHEN i % 2 = 0 THEN 'job-' || i END, 'job',
        'COMPLETED', 'rtx4090', 1, to_char(t AT TIME ZONE 'UTC', 'YYYY-MM'), t, t + interval '60 seconds', 60, 60,
        120000, (1 + i % 997) * 120000, false, true
 FROM (SELECT i, timestamptz '2025-01-01 00:00:00+00' + i * (interval '729 days' / (2 * :rows)) AS t
@@ -68,8 +77,15 @@ def main() -> None:
         count = session.scalar(text("SELECT count(*) FROM ledger_entries WHERE account = 'acme'"))
         found = balance(session, "acme", NOW)
 
+        member_spent = lock_budget(session, "acme", NOW, member="member1").member_spent_nanos
+        session.rollback()
+
         def locked() -> None:
             lock_budget(session, "acme", NOW)
+            session.rollback()
+
+        def member_locked() -> None:
+            lock_budget(session, "acme", NOW, member="member1")
             session.rollback()
 
         def read() -> None:
@@ -78,8 +94,10 @@ def main() -> None:
 
         # Warm: the pool's connection, SQLAlchemy's compiled statements.
         timed(locked, 3)
+        timed(member_locked, 3)
         timed(read, 3)
         lock_s = timed(locked, args.repeat)
+        member_s = timed(member_locked, args.repeat)
         balance_s = timed(read, args.repeat)
 
     def ms(values: list[float]) -> str:
@@ -89,8 +107,10 @@ def main() -> None:
         f"bench/budget: an account with {count:,} ledger rows over 24 months, 1,000 adjustments ({args.repeat} runs)",
         [
             ("lock_budget (submit, under the lock)", ms(lock_s)),
+            ("lock_budget, a member with a limit", ms(member_s)),
             ("balance (/usage, alerts, push_budgets)", ms(balance_s)),
             ("spent ever / this month (nanos)", f"{found.spent_total_nanos} / {found.spent_period_nanos}"),
+            ("member1's spend this month (nanos)", str(member_spent)),
         ],
     )
 

@@ -37,7 +37,7 @@ from billing.money import format_nanos
 from billing.price_book import NORMAL_TIER, SPOT_TIER, PriceBook
 from gpupool.db.locks import BUDGET_CHECK
 from gpupool.errors import NotFound, PaymentRequired, PriceMissing
-from gpupool.models import Account, AccountSpend, Job, LedgerEntry, Price
+from gpupool.models import Account, AccountSpend, Job, LedgerEntry, MemberSpend, Price
 
 # The statements of the check a submit runs are built once, their values bound at each
 # execution: SQLAlchemy caches the SQL it compiles, not the statement's objects, and
@@ -62,14 +62,11 @@ def _spent(period: bool) -> ColumnElement[int]:
     return spent.scalar_subquery()
 
 
-# What a member's jobs were billed in the period: ledger rows of jobs they submitted (adjustments are the account's).
+# What a member's jobs were billed in the period (adjustments are the account's): one row of the
+# totals the database keeps (``member_spend``, migration 0025), not a sum over the month's ledger.
 _MEMBER_SPENT = (
-    select(func.coalesce(func.sum(LedgerEntry.amount_nanos), 0))
-    .where(
-        LedgerEntry.account == _ACCOUNT,
-        LedgerEntry.period == _PERIOD,
-        LedgerEntry.gpupool_job_id.in_(select(Job.id).where(Job.account == _ACCOUNT, Job.owner == _SUBJECT)),
-    )
+    select(func.coalesce(func.sum(MemberSpend.ledger_nanos), 0))
+    .where(MemberSpend.account == _ACCOUNT, MemberSpend.subject == _SUBJECT, MemberSpend.period == _PERIOD)
     .scalar_subquery()
 )
 # The account's limits and its spend, ever and this period: one statement, one round trip.

@@ -11,7 +11,7 @@ never write the ledger, prices or adjustments, billing can only add ledger
 rows, and the two senders touch nothing but their own queue; the triggers of
 migrations 0005 and 0024 refuse UPDATE, DELETE and TRUNCATE of ledger rows and
 adjustments even to the owner. No service role may write the spend totals
-(``account_spend``): the database's own triggers keep them.
+(``account_spend``, ``member_spend``): the database's own triggers keep them.
 
 ``TABLE_ACCESS`` is the one list. ``gpupool db upgrade`` revokes what the
 service roles hold on the schema's tables and sequences and grants this list again,
@@ -59,6 +59,9 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # Spend per account and period, for budgets: only the triggers of migration 0024 write it
     # (SECURITY DEFINER, as the owner), whichever role inserts the ledger row or adjustment.
     "account_spend": {API: READ, BILLING: READ},
+    # Spend per member (the ledger rows of the jobs each submitted), for members' monthly limits:
+    # only the trigger of migration 0025 writes it. Billing never reads it.
+    "member_spend": {API: READ, BILLING: NONE},
     # A pass inserts its record first and fills in the totals before it commits.
     "billing_passes": {API: NONE, BILLING: READ_WRITE},
     # Updating the single row is billing's lock.

@@ -5,7 +5,7 @@ from gpupool.models.accounts import ACCOUNT_NAME, Account
 from gpupool.models.alerts import AlertSent, AlertSettings, EmailOutbox
 from gpupool.models.api_keys import ApiKey
 from gpupool.models.audit import AuditEvent
-from gpupool.models.billing import AccountSpend, Adjustment, BillingPass, BillingState, LedgerEntry, Price
+from gpupool.models.billing import AccountSpend, Adjustment, BillingPass, BillingState, LedgerEntry, MemberSpend, Price
 from gpupool.models.gpu_usage import GpuSample, IdleGpuHour, IdlePolicy
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.members import MEMBER_ROLES, AccountMember
@@ -39,6 +39,7 @@ __all__ = [
     "JobTask",
     "JobSession",
     "LedgerEntry",
+    "MemberSpend",
     "NodeCost",
     "Price",
     "SessionGrant",

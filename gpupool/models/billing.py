@@ -145,3 +145,21 @@ class AccountSpend(Base):
     period: Mapped[str] = mapped_column(String(7), primary_key=True)  # YYYY-MM, UTC
     ledger_nanos: Mapped[int] = mapped_column(BigInteger)
     adjustment_nanos: Mapped[int] = mapped_column(BigInteger)
+
+
+class MemberSpend(Base):
+    """What one member's jobs were billed in one period: the ledger amounts of the API jobs they submitted, summed.
+
+    Kept by the database like ``AccountSpend`` (migration 0025): a trigger on INSERT
+    into ``ledger_entries`` adds each row that names an API job (``gpupool_job_id``) to
+    that job's owner in the row's account and period. Adjustments are the account's,
+    never a member's. A member's monthly limit reads one row here instead of
+    summing the month's ledger rows of their jobs.
+    """
+
+    __tablename__ = "member_spend"
+
+    account: Mapped[str] = mapped_column(String(64), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(255), primary_key=True)
+    period: Mapped[str] = mapped_column(String(7), primary_key=True)  # YYYY-MM, UTC
+    ledger_nanos: Mapped[int] = mapped_column(BigInteger)

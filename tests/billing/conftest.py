@@ -18,7 +18,7 @@ from sqlalchemy.orm import sessionmaker
 from billing.prices import set_price
 from gpupool import db
 from gpupool.config import Settings
-from gpupool.models import Account, AccountSpend, Adjustment, BillingState, LedgerEntry
+from gpupool.models import Account, AccountSpend, Adjustment, BillingState, Job, LedgerEntry, MemberSpend
 from tests.conftest import JWT_SECRET, REPO, base_settings, create_database, drop_database
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
@@ -71,6 +71,7 @@ class LedgerDb:
 
     def assert_spend_exact(self) -> None:
         assert spend_totals(self.engine) == spend_sums(self.engine)
+        assert member_spend_totals(self.engine) == member_spend_sums(self.engine)
 
     def mark(self) -> dt.datetime | None:
         with self.sessions() as session:
@@ -97,6 +98,24 @@ def spend_sums(engine: Engine) -> dict[tuple[str, str], tuple[int, int]]:
             for account, period, nanos in connection.execute(query):
                 sums.setdefault((account, period), [0, 0])[index] = int(nanos)
     return {key: (ledger, adjusted) for key, (ledger, adjusted) in sums.items()}
+
+
+def member_spend_totals(engine: Engine) -> dict[tuple[str, str, str], int]:
+    """``member_spend`` as the trigger keeps it: (account, subject, period) -> ledger nanos."""
+    query = select(MemberSpend.account, MemberSpend.subject, MemberSpend.period, MemberSpend.ledger_nanos)
+    with engine.connect() as connection:
+        return {(account, subject, period): nanos for account, subject, period, nanos in connection.execute(query)}
+
+
+def member_spend_sums(engine: Engine) -> dict[tuple[str, str, str], int]:
+    """The same, summed from the ledger rows of each member's API jobs in their account: what the totals must equal."""
+    query = (
+        select(LedgerEntry.account, Job.owner, LedgerEntry.period, func.sum(LedgerEntry.amount_nanos))
+        .join(Job, (Job.id == LedgerEntry.gpupool_job_id) & (Job.account == LedgerEntry.account))
+        .group_by(LedgerEntry.account, Job.owner, LedgerEntry.period)
+    )
+    with engine.connect() as connection:
+        return {(account, subject, period): int(nanos) for account, subject, period, nanos in connection.execute(query)}
 
 
 def _prepare(url: str, archive: Path) -> LedgerDb:

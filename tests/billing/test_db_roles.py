@@ -48,7 +48,14 @@ from gpupool.models import (
 )
 from gpupool.models.alerts import EMAIL_SENT
 from gpupool.slurm.client import SlurmClient
-from tests.billing.conftest import RTX4090_NANOS, LedgerDb, spend_sums, spend_totals
+from tests.billing.conftest import (
+    RTX4090_NANOS,
+    LedgerDb,
+    member_spend_sums,
+    member_spend_totals,
+    spend_sums,
+    spend_totals,
+)
 from tests.billing.test_ledger import dump, replay_ok, row
 from tests.conftest import base_settings, bearer, wait_for_state
 from tests.support.gpu_exporter import serve_exporter
@@ -522,11 +529,23 @@ def test_only_the_databases_triggers_write_the_spend_totals(billed: RolesDb) -> 
     totals = spend_totals(billed.owner.engine)
     assert totals[("acme", "2026-11")] == (2 * 4200 * RTX4090_NANOS, -2 * 3600 * RTX4090_NANOS)
     assert totals == spend_sums(billed.owner.engine)
+    # An API job of alice's, whose ledger row moves her member total too (migration 0025).
+    member_job = "00000000-0000-4000-8000-00000000a11c"
+    with billed.owner.engine.begin() as connection:
+        now = db.utcnow()
+        connection.execute(
+            insert(Job).values(
+                id=member_job, account="acme", owner="alice", name="j", template="hello", params={}, gpus=1, cpus=1, mem_gb=1,
+                time_limit_min=1, job_dir="/nonexistent", state="COMPLETED", finished=True, request_hash="0" * 64,
+                created_at=now, updated_at=now,
+            )
+        )
     engine = db.make_engine(billed.billing_url)
     try:
         with engine.connect() as connection:
             pass_id = connection.execute(select(BillingPass.id).limit(1)).scalar_one()
-            connection.execute(insert(LedgerEntry).values(**ledger_row(pass_id, 12)))
+            # Goes in although billing may not even read member_spend: the trigger writes it as the owner.
+            connection.execute(insert(LedgerEntry).values(**{**ledger_row(pass_id, 12), "gpupool_job_id": member_job}))
             connection.execute(
                 insert(Adjustment).values(
                     account="acme", period="2026-11", amount_nanos=-7, reason="r", kind="manual", created_by="t", created_at=db.utcnow()
@@ -541,23 +560,31 @@ def test_only_the_databases_triggers_write_the_spend_totals(billed: RolesDb) -> 
             connection.rollback()
     finally:
         engine.dispose()
+        with billed.owner.engine.begin() as connection:
+            connection.execute(delete(Job).where(Job.id == member_job))
     for url in (billed.api_url, billed.billing_url):
         engine = db.make_engine(url)
         try:
             assert spend_totals(engine) == totals
         finally:
             engine.dispose()
-        for statement in (
-            "INSERT INTO account_spend (account, period, ledger_nanos, adjustment_nanos) VALUES ('acme', '2026-12', -1000000000000, 0)",
-            "UPDATE account_spend SET ledger_nanos = 0",
-            "DELETE FROM account_spend",
-            "TRUNCATE account_spend",
+        for statement, table in (
+            ("INSERT INTO account_spend (account, period, ledger_nanos, adjustment_nanos) VALUES ('acme', '2026-12', -1000000000000, 0)",
+             "account_spend"),
+            ("UPDATE account_spend SET ledger_nanos = 0", "account_spend"),
+            ("DELETE FROM account_spend", "account_spend"),
+            ("TRUNCATE account_spend", "account_spend"),
+            ("INSERT INTO member_spend (account, subject, period, ledger_nanos) VALUES ('acme', 'alice', '2026-12', -1)", "member_spend"),
+            ("UPDATE member_spend SET ledger_nanos = 0", "member_spend"),
+            ("DELETE FROM member_spend", "member_spend"),
+            ("TRUNCATE member_spend", "member_spend"),
         ):
-            assert_permission_denied(url, statement, "account_spend")
-        for function in ("gpupool_spend_add_ledger_entries", "gpupool_spend_add_adjustments"):
+            assert_permission_denied(url, statement, table)
+        for function in ("gpupool_spend_add_ledger_entries", "gpupool_spend_add_adjustments", "gpupool_member_spend_add_ledger_entries"):
             error = failure(url, f"SELECT {function}()")
             assert error.pgcode == PERMISSION_DENIED and f"permission denied for function {function}" in str(error), error.pgerror
     assert spend_totals(billed.owner.engine) == totals
+    assert member_spend_totals(billed.owner.engine) == member_spend_sums(billed.owner.engine)
 
 
 def test_a_real_pass_runs_as_the_billing_role(billed: RolesDb) -> None:

@@ -1,6 +1,7 @@
-"""The spend totals the database keeps (``account_spend``, migration 0024) equal the sums of the rows
-they count, for every account and period, however the rows came: replayed passes (COPY on PostgreSQL),
-failed-node credits, operator adjustments, passes at once, and the migration's backfill of old rows."""
+"""The spend totals the database keeps (``account_spend``, migration 0024; ``member_spend``, 0025) equal
+the sums of the rows they count, for every account (and member) and period, however the rows came:
+replayed passes (COPY on PostgreSQL), failed-node credits, operator adjustments, passes at once, and the
+migrations' backfill of old rows."""
 
 from __future__ import annotations
 
@@ -9,16 +10,23 @@ from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, insert, inspect, select, text
+from sqlalchemy import Connection, Engine, insert, inspect, select, text
 from sqlalchemy.exc import DBAPIError
 
-from bench.synthetic_sacct import sacct_dump, synthetic_jobs
+from bench.synthetic_sacct import SyntheticJob, sacct_dump, synthetic_jobs
 from billing import passes
-from billing.budgets import balance, lock_budget
+from billing.budgets import balance, lock_budget, member_spent_nanos
 from billing.prices import set_price
 from gpupool import db
-from gpupool.models import Account, Adjustment, BillingPass, LedgerEntry
-from tests.billing.conftest import RTX4090_NANOS, LedgerDb, spend_sums, spend_totals
+from gpupool.models import Account, Adjustment, BillingPass, Job, LedgerEntry
+from tests.billing.conftest import (
+    RTX4090_NANOS,
+    LedgerDb,
+    member_spend_sums,
+    member_spend_totals,
+    spend_sums,
+    spend_totals,
+)
 from tests.billing.test_ledger import dump, replay_ok, row
 from tests.billing.test_replay_import import UNTYPED_NANOS, XDMOD_LOGS
 from tests.support.sacct_dumps import as_pass_output
@@ -109,7 +117,99 @@ def test_copy_replay_keeps_the_totals_exact(ledger_db: LedgerDb, tmp_path: Path)
     assert totals == spend_sums(ledger_db.engine)
 
 
-# --- the migration -------------------------------------------------------------------------
+# --- each member's spend ----------------------------------------------------------------------
+
+
+def api_job(job_id: str, account: str, owner: str, *, slurm_job_id: int | None = None, created_at: dt.datetime | None = None) -> dict[str, object]:
+    """A job row as POST /submit leaves it once Slurm took the job."""
+    when = created_at or db.utcnow()
+    return {
+        "id": job_id, "account": account, "owner": owner, "name": "j", "template": "hello", "params": {}, "gpus": 1,
+        "cpus": 1, "mem_gb": 1, "time_limit_min": 60, "job_dir": "/nonexistent", "state": "COMPLETED", "finished": True,
+        "request_hash": "0" * 64, "slurm_job_id": slurm_job_id, "created_at": when, "updated_at": when,
+    }
+
+
+def new_pass(connection: Connection) -> int:
+    now = db.utcnow()
+    return connection.execute(
+        insert(BillingPass).values(
+            kind="replay", started_at=now, finished_at=now, source="test", source_sha256="", sacct_rows=0, ledger_rows=0,
+            adjustment_rows=0,
+        )
+    ).inserted_primary_key[0]
+
+
+def ledger_entry(pass_id: int, job_id_raw: int, account: str, period: str, amount: int, gpupool_job_id: str | None) -> dict[str, object]:
+    start = dt.datetime(2026, 10, 31, 23, tzinfo=dt.UTC)
+    return {
+        "pass_id": pass_id, "account": account, "cluster": "gpupool", "slurm_job_id": str(job_id_raw), "job_id_raw": job_id_raw,
+        "run_start": start, "gpupool_job_id": gpupool_job_id, "job_name": "job", "state": "COMPLETED", "gpu_type": "rtx4090",
+        "gpus": 1, "period": period, "interval_from": start, "interval_to": start, "seconds": 1, "gpu_seconds": 1,
+        "unit_price_nanos": amount, "amount_nanos": amount, "correction": amount < 0, "final": True,
+    }
+
+
+# Ledger rows of API jobs: two of alice's and one of bob's in acme, one of another alice's in zeta;
+# a row of no API job (sacct's own); and a row naming acme's job under zeta, which is nobody's.
+MEMBER_JOBS = [("a1", "acme", "alice"), ("a2", "acme", "alice"), ("b1", "acme", "bob"), ("z1", "zeta", "alice")]
+MEMBER_ROWS = [
+    ("acme", "2026-11", 7, "a1"), ("acme", "2026-12", -3, "a1"), ("acme", "2026-11", 5, "b1"), ("acme", "2026-11", 13, None),
+    ("acme", "2026-11", 2**40, "a2"), ("zeta", "2026-11", 11, "z1"), ("zeta", "2026-11", 17, "a1"),
+]
+MEMBER_EXPECTED = {
+    ("acme", "alice", "2026-11"): 7 + 2**40, ("acme", "alice", "2026-12"): -3, ("acme", "bob", "2026-11"): 5,
+    ("zeta", "alice", "2026-11"): 11,
+}
+
+
+def test_each_members_total_is_what_their_api_jobs_were_billed(ledger_db: LedgerDb) -> None:
+    with ledger_db.engine.begin() as connection:
+        now = db.utcnow()
+        connection.execute(insert(Account), [{"name": name, "created_at": now} for name in ("acme", "zeta")])
+        connection.execute(insert(Job), [api_job(*job) for job in MEMBER_JOBS])
+        pass_id = new_pass(connection)
+        rows = [ledger_entry(pass_id, index, *entry) for index, entry in enumerate(MEMBER_ROWS)]
+        # Two statements: the second adds to totals the first made.
+        connection.execute(insert(LedgerEntry), rows[:4])
+        connection.execute(insert(LedgerEntry), rows[4:])
+    assert member_spend_totals(ledger_db.engine) == member_spend_sums(ledger_db.engine) == MEMBER_EXPECTED
+    # What a member's limit and GET /account/members read.
+    with ledger_db.sessions() as session:
+        assert member_spent_nanos(session, "acme", "alice", "2026-11") == 7 + 2**40
+        assert member_spent_nanos(session, "acme", "bob", "2026-12") == 0
+        assert member_spent_nanos(session, "acme", "carol", "2026-11") == 0
+        lock = lock_budget(session, "acme", dt.datetime(2026, 11, 15, tzinfo=dt.UTC), member="alice")
+        assert lock.member_spent_nanos == 7 + 2**40
+        session.rollback()
+
+
+@pytest.mark.parametrize("ledger_db", ["postgresql"], indirect=True)
+def test_a_copy_replay_of_api_jobs_keeps_each_members_total_exact(ledger_db: LedgerDb, tmp_path: Path) -> None:
+    """Billing's own path: sacct rows matched to API jobs by their Slurm ids, streamed in by COPY, one trigger call."""
+    jobs: list[SyntheticJob] = list(synthetic_jobs(3_000, seed=4, month_start=dt.datetime(2026, 10, 20, tzinfo=dt.UTC), accounts=5))
+    for index in range(5):
+        ledger_db.add_account(f"acct{index:03d}")
+    with ledger_db.engine.begin() as connection:
+        # Three members submit three quarters of the jobs through the API; the rest came by sbatch.
+        connection.execute(
+            insert(Job),
+            [
+                api_job(f"job-{job.job_id}", job.account, f"member{job.job_id % 3}", slurm_job_id=job.job_id, created_at=job.submit)
+                for job in jobs if job.job_id % 4
+            ],
+        )
+    path = tmp_path / "jobs.psv"
+    path.write_text(sacct_dump(jobs))
+    passes.replay(ledger_db.sessions, ledger_db.settings, path)
+    totals = member_spend_totals(ledger_db.engine)
+    assert {subject for _, subject, _ in totals} == {"member0", "member1", "member2"}
+    assert {period for _, _, period in totals} == {"2026-10", "2026-11"}
+    assert totals == member_spend_sums(ledger_db.engine)
+    ledger_db.assert_spend_exact()
+
+
+# --- the migrations ------------------------------------------------------------------------
 
 
 def adjustment(account: str, period: str, nanos: int) -> dict[str, object]:
@@ -179,3 +279,23 @@ def test_adjustments_are_append_only_on_both_backends(at_0023: Engine) -> None:
         assert f"adjustments is append-only: {verb} refused" in str(caught.value.orig)
     with at_0023.connect() as connection:
         assert connection.execute(select(Adjustment.amount_nanos)).scalar_one() == -5
+
+
+def test_the_member_totals_migration_fills_them_from_the_rows_already_there(ledger_db: LedgerDb) -> None:
+    engine = ledger_db.engine
+    with engine.begin() as connection:
+        command.downgrade(db.alembic_config(connection=connection), "0024")
+    assert "member_spend" not in inspect(engine).get_table_names()
+    with engine.begin() as connection:
+        now = db.utcnow()
+        connection.execute(insert(Account), [{"name": name, "created_at": now} for name in ("acme", "zeta")])
+        connection.execute(insert(Job), [api_job(*job) for job in MEMBER_JOBS])
+        pass_id = new_pass(connection)
+        connection.execute(insert(LedgerEntry), [ledger_entry(pass_id, index, *entry) for index, entry in enumerate(MEMBER_ROWS)])
+    db.upgrade(engine)
+    assert member_spend_totals(engine) == member_spend_sums(engine) == MEMBER_EXPECTED
+    # From now on the trigger adds to what the backfill found.
+    with engine.begin() as connection:
+        connection.execute(insert(LedgerEntry), [ledger_entry(pass_id, 99, "acme", "2026-11", 100, "b1")])
+    assert member_spend_totals(engine)[("acme", "bob", "2026-11")] == 105
+    ledger_db.assert_spend_exact()
