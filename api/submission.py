@@ -48,6 +48,8 @@ from gpupool.tokens import Principal
 from gpupool.webhooks import add_job_callback, check_destination
 
 log = logging.getLogger("gpupool.submit")
+# Slurm's words for ESLURM_INVALID_QOS (slurm_errtab.c), as sbatch prints them.
+_INVALID_QOS = "Invalid qos specification"
 
 
 def request_fingerprint(body: dict[str, Any]) -> str:
@@ -215,6 +217,19 @@ def _spec(app: AppState, job: Job) -> JobSpec:
     )
 
 
+def _explained(refusal: SlurmRejected, job: Job) -> SlurmRejected | None:
+    """Slurm's refusal of ``job`` with what to do, where Slurm's words alone would not say it; None elsewhere."""
+    if job.preemptible and _INVALID_QOS in refusal.message:
+        # An association made before spot jobs existed allows QOS normal alone.
+        return SlurmRejected(
+            f"{refusal.message}. A spot job runs under QOS spot, which this account's Slurm association does not "
+            f"allow yet (accounts created before spot jobs existed lack it): ask your operator to run "
+            f"`gpupool account create {job.account}` again, or submit without preemptible",
+            code="spot_not_enabled",
+        )
+    return None
+
+
 def _forget(app: AppState, session: Session, job: Job) -> None:
     """Drop a job Slurm never took, so its Idempotency-Key can be used again."""
     record = session.get(JobSession, job.id)
@@ -265,7 +280,10 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     except SlurmRejected as exc:
         log.info("job %s (account %s) refused by Slurm: %s", job.id, job.account, exc.message)
         _forget(app, session, job)
-        raise
+        explained = _explained(exc, job)
+        if explained is None:
+            raise
+        raise explained from exc
     log.info("job %s submitted as Slurm job %s (account %s, %s x gpu)", job.id, slurm_job_id, job.account, job.gpus)
     with stage("record"):
         _record_submitted(session, job, slurm_job_id)
@@ -523,7 +541,13 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
         check_destination(req.callback_url, allowed_networks(app.settings.webhook_allow_cidrs, "webhook_allow_cidrs"))
     job = _new_job(app, caller, req, admitted, None, "")
     rendered = render(_spec(app, job))
-    estimated = app.slurm.test_submit(job.account, job.id, rendered.script, rendered.options)
+    try:
+        estimated = app.slurm.test_submit(job.account, job.id, rendered.script, rendered.options)
+    except SlurmRejected as exc:
+        explained = _explained(exc, job)
+        if explained is None:
+            raise
+        raise explained from exc
     return Quote(admitted.gpus, req.gpu_type, admitted.time_limit_min, cost, app.settings.currency, estimated)
 
 
