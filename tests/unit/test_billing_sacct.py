@@ -55,6 +55,19 @@ def test_the_same_output_under_the_passs_delimiter_bills_each_run() -> None:
     assert parsed.runs == RECORDED_RUNS
 
 
+def test_the_id_scan_reads_the_id_columns_only() -> None:
+    """The span and the array ids a pass looks up before it reads the rows: those of the JobIDRaw
+    and JobID columns of the recorded output, whatever a name holds after them."""
+    text = redelimited((FIXTURES / "requeue-array-pipe.psv").read_text(), NONCE)
+    reader = RunReader(text, NONCE)
+    assert (reader.job_id_span(), reader.array_job_ids()) == ((10, 13), {12})
+    # A name of later columns that look like an array task's id, and a line of its own that looks like a row.
+    row = NONCE.join(["c", "57", "57", "mallory", "u", "COMPLETED", "2026-11-01T00:00:00", "2026-11-01T00:00:01",
+                      "2026-11-01T00:00:11", "10", "gres/gpu=1", f"77_8{NONCE}9_9{NONCE}\n"])
+    reader = RunReader(NONCE.join(SACCT_FIELDS) + "\n" + row + f"x{NONCE}3{NONCE}6_7{NONCE}\n", NONCE)
+    assert (reader.job_id_span(), reader.array_job_ids()) == ((3, 57), {6})
+
+
 HEADER = "|".join(SACCT_FIELDS)
 
 
