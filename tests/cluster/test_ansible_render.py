@@ -319,6 +319,7 @@ def test_gunicorn_configuration_is_python_with_the_production_settings(rendered:
     assert settings["workers"] == 9  # 8 CPUs: 2 x 8 + 1, at most 9
     assert settings["timeout"] == 30 and settings["graceful_timeout"] == 30
     assert settings["preload_app"] is False
+    assert settings["control_socket_disable"] is True  # systemd signals it; its HOME has no room for a socket
 
 
 def test_billing_runs_every_five_minutes_as_its_own_user(rendered: Rendered) -> None:

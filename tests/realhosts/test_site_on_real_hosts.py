@@ -115,6 +115,9 @@ def test_systemd_runs_every_service(cluster: Cluster) -> None:
         states = server.run(f"systemctl is-active {' '.join(units)}", check=False).stdout.split()
         assert dict(zip(units, states, strict=True)) == {unit: "active" for unit in units}, name
     assert cluster.head.out("systemctl show -p NoNewPrivileges --value gpupool-api.service") == "yes"
+    # gunicorn's own log: its control socket is off, where it used to fail under HOME=/nonexistent.
+    api_log = cluster.head.out("journalctl -u gpupool-api.service --no-pager -o cat")
+    assert "Starting gunicorn" in api_log and "control s" not in api_log.lower(), api_log[-4000:]
     # The webhook sender runs as its own user; each timer's unit has run and succeeded, as its
     # user (the email sender: the outbox is empty, but its role's claim already needs UPDATE).
     sender = cluster.head.out("systemctl show -p MainPID --value gpupool-webhooks.service")
