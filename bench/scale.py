@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -145,6 +146,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=JOBS)
     args = parser.parse_args()
+    if shutil.which("wrk") is None:  # before the minutes of building the queue, not after
+        sys.exit("bench/scale needs wrk: apt-get install wrk (make bench installs it)")
     rows: list[tuple[str, str]] = []
 
     def report(row: tuple[str, str]) -> None:
