@@ -34,6 +34,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from gpupool.slurm.parse import (
     ParseError,
@@ -193,7 +194,6 @@ class RunReader:
     refuse_mismatches: bool = True
     rows: int = 0
     refused: list[str] = field(default_factory=list)
-    _scanned: tuple[tuple[int, int] | None, set[int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         names = list(self.fields) if self.fields is not None else read_header(self.text, self.delimiter)
@@ -215,12 +215,13 @@ class RunReader:
 
     def job_id_span(self) -> tuple[int, int] | None:
         """Lowest and highest JobIDRaw, by a quick scan; name lines can only widen it."""
-        return self._id_scan()[0]
+        return self._id_scan[0]
 
     def array_job_ids(self) -> set[int]:
         """The array job ids the JobID column names (``123`` of ``123_4``), by the same quick scan."""
-        return self._id_scan()[1]
+        return self._id_scan[1]
 
+    @cached_property
     def _id_scan(self) -> tuple[tuple[int, int] | None, set[int]]:
         """One pass over the lines, splitting only up to the id columns, before the rows are read.
 
@@ -230,34 +231,22 @@ class RunReader:
         A line a job name's newline began yields nothing or an id no run has, which
         only widens the span or adds an array id to look up.
         """
-        if self._scanned is not None:
-            return self._scanned
         raw_index = self.header.index("JobIDRaw")
         array_index = self.header.index("JobID") if "JobID" in self.header else None
         columns = max(raw_index, array_index or 0) + 1
-        text, delimiter = self.text, self.delimiter
-        low = high = None
+        ids: list[int] = []
         arrays: set[int] = set()
-        position, length = 0, len(text)
-        while position < length:
-            end = text.find("\n", position)
-            if end < 0:
-                end = length
-            cells = text[position:end].split(delimiter, columns)
-            position = end + 1
+        for line in self.text.split("\n"):
+            cells = line.split(self.delimiter, columns)
             if len(cells) <= columns:  # the id columns must be followed by a delimiter
                 continue
-            raw = cells[raw_index]
-            if raw.isdecimal():
-                job_id = int(raw)
-                low = job_id if low is None else min(low, job_id)
-                high = job_id if high is None else max(high, job_id)
+            if cells[raw_index].isdecimal():
+                ids.append(int(cells[raw_index]))
             if array_index is not None:
                 base, underscore, task = cells[array_index].partition("_")
                 if underscore and base.isdecimal() and task.isdecimal():
                     arrays.add(int(base))
-        self._scanned = ((low, high) if low is not None and high is not None else None, arrays)
-        return self._scanned
+        return ((min(ids), max(ids)) if ids else None, arrays)
 
     def runs(self) -> Iterator[JobRun]:
         """Every run that was allocated GPUs; pending and never-started jobs bill nothing."""
