@@ -98,7 +98,8 @@ def _read_ahead(fetch: Callable[[], Sequence[Any]]) -> Generator[Sequence[Any], 
     A server-side cursor computes its next batch only when asked, and psycopg2
     waits for it without holding the GIL: asking one batch ahead lets PostgreSQL
     group and format lines on one core while this process writes CSV on the other
-    (bench/invoice: 1,000,000 lines in 12.6 s one after the other, see docs/benchmarks.md).
+    (``gpupool invoice`` of 1,000,000 lines: 14.2-14.7 s one after the other, 9.2-9.3 s
+    so; docs/benchmarks.md).
     The thread alone touches the cursor until this generator is closed.
     """
     batches: queue.Queue[Sequence[Any] | BaseException | None] = queue.Queue(maxsize=1)
@@ -126,7 +127,6 @@ def _read_ahead(fetch: Callable[[], Sequence[Any]]) -> Generator[Sequence[Any], 
         while thread.is_alive():  # a caller that stops early: let a waiting put finish
             with contextlib.suppress(queue.Empty):
                 batches.get(timeout=0.05)
-        thread.join()
 
 
 def job_line_groups(connection: Connection, account: str, period: str) -> Iterator[Sequence[Any]]:
