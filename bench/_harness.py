@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -42,6 +43,14 @@ def median(values: list[float]) -> float:
 
 def slurm(*argv: str, check: bool = True) -> str:
     return run_command(list(argv), timeout_s=60, env={"PATH": "/usr/bin:/bin", "TZ": "UTC"}, check=check).stdout
+
+
+def require_wrk(bench: str) -> str:
+    """wrk's path, or the bench stops at once saying how to install it (before any set-up it would waste)."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        sys.exit(f"{bench} needs wrk: apt-get install wrk (make bench installs it)")
+    return wrk
 
 
 def table(title: str, rows: list[tuple[str, str]]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import sys
 import tempfile
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import bench_env, gunicorn, http, slurm, table  # noqa: E402
+from bench._harness import bench_env, gunicorn, http, require_wrk, slurm, table  # noqa: E402
 from gpupool.proc import minimal_env, run_command  # noqa: E402
 
 INTERVAL_S = 5.0
@@ -62,9 +61,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--array", type=int, default=0, help="poll an array job of this many tasks, one running at a time")
     args = parser.parse_args()
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        sys.exit("bench/poll needs wrk: apt-get install wrk")
+    wrk = require_wrk("bench/poll")
     with tempfile.TemporaryDirectory() as tmp, bench_env(Path(tmp)) as env:
         # gunicorn runs as the service user: it must reach the counting wrappers and write their log.
         Path(tmp).chmod(0o755)

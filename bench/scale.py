@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
-import shutil
 import sys
 import tempfile
 import threading
@@ -39,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import REPO, bench_env, gunicorn, http, median, slurm, table  # noqa: E402
+from bench._harness import REPO, bench_env, gunicorn, http, median, require_wrk, slurm, table  # noqa: E402
 from bench.submit import burst_seconds, raw_sbatch  # noqa: E402
 from billing.passes import run_pass  # noqa: E402
 from billing.price_book import ANY_GPU_TYPE  # noqa: E402
@@ -146,8 +145,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=JOBS)
     args = parser.parse_args()
-    if shutil.which("wrk") is None:  # before the minutes of building the queue, not after
-        sys.exit("bench/scale needs wrk: apt-get install wrk (make bench installs it)")
+    require_wrk("bench/scale")  # before the minutes of building the queue, not after
     rows: list[tuple[str, str]] = []
 
     def report(row: tuple[str, str]) -> None:
