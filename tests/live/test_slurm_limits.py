@@ -113,6 +113,10 @@ def test_the_partition_caps_the_time_limit_at_the_operators_maximum() -> None:
         (["--gres=gpu:1", "--time=10081"], "the time limit may be at most 10080 minutes"),
         (["--gres=gpu:1", "--mem=0"], "--mem=0 (all of a node's memory) is not offered"),
         (["--gres=gpu:1", "--exclusive"], "--exclusive would hold a whole node"),
+        # Other users' jobs kept off the node's other GPUs, or the node's CPUs shared past what was sold.
+        (["--gres=gpu:1", "--exclusive=user"], "--exclusive=user would keep other users' jobs off the node's other GPUs"),
+        (["--gres=gpu:1", "--exclusive=mcs"], "--exclusive=mcs would keep other users' jobs off the node's other GPUs"),
+        (["--gres=gpu:1", "--oversubscribe"], "--oversubscribe would share CPUs and memory sold whole"),
         (["--gpus=1"], "ask for GPUs per node with --gres=gpu:N"),
         (["--gres=gpu:1", f"--partition={PARTITION}x"], f"partition {PARTITION}x is not offered"),
     ],
@@ -173,6 +177,24 @@ def test_a_pending_job_cannot_be_changed_past_the_bounds(account: str, no_jobs_l
     unchanged = ("TRES", "NumCPUs", "Partition", "TresPerNode", "MinMemoryCPU")
     assert {key: after.get(key) for key in unchanged} == {key: before.get(key) for key in unchanged}
     assert after["TimeLimit"] == "00:10:00"
+    # Lowered, never raised again: not even back to what it was.
+    longer = as_tenant(account, "scontrol", "update", f"JobId={job_id}", "TimeLimit=30")
+    assert longer.returncode != 0 and f"for job {job_id}" in longer.stderr
+    assert job_detail(job_id)["TimeLimit"] == "00:10:00"
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["begins-later", "held"])
+def test_a_pending_jobs_time_limit_cannot_be_raised(account: str, no_jobs_left: None, held: bool) -> None:
+    # Slurm itself lets a user raise a pending job's limit up to the partition's MaxTime:
+    # the quote, the admission and the budget priced the 5 minutes it was submitted with.
+    pending = ["--hold"] if held else ["--begin=now+3600"]
+    accepted = submit(account, "sbatch", "--gres=gpu:1", "--time=5", *pending)
+    assert accepted.returncode == 0, accepted.stderr
+    job_id = accepted.stdout.strip().split(";")[0]
+    for longer in ("TimeLimit=10080", "TimeLimit=6", "TimeLimit=+60"):
+        refused = as_tenant(account, "scontrol", "update", f"JobId={job_id}", longer)
+        assert refused.returncode != 0 and f"for job {job_id}" in refused.stderr, longer
+    assert job_detail(job_id)["TimeLimit"] == "00:05:00"
 
 
 @pytest.fixture
