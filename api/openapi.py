@@ -241,6 +241,8 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
             "/submit": {
                 "post": {
                     "summary": "Submit a job from a template",
+                    "description": "409 job_limit_reached: the account already has as many jobs pending or running as Slurm lets it "
+                    "hold (each array task counts as one); `limit`, `in_use` and `asked` say how many.",
                     "parameters": [
                         {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}},
                         {

@@ -34,6 +34,7 @@ from gpupool.errors import (
     SlurmRejected,
     SlurmUnavailable,
     SubmissionUncertain,
+    TooManyJobs,
     Unauthorized,
     ValidationFailed,
 )
@@ -50,6 +51,8 @@ from gpupool.webhooks import add_job_callback, check_destination
 log = logging.getLogger("gpupool.submit")
 # Slurm's words for ESLURM_INVALID_QOS (slurm_errtab.c), as sbatch prints them.
 _INVALID_QOS = "Invalid qos specification"
+# ESLURM_ACCOUNTING_POLICY's: any association or QOS limit a job breaks at submit, GrpSubmitJobs among them.
+_ACCOUNTING_POLICY = "Job violates accounting/QOS policy"
 
 
 def request_fingerprint(body: dict[str, Any]) -> str:
@@ -217,8 +220,25 @@ def _spec(app: AppState, job: Job) -> JobSpec:
     )
 
 
-def _explained(refusal: SlurmRejected, job: Job) -> SlurmRejected | None:
-    """Slurm's refusal of ``job`` with what to do, where Slurm's words alone would not say it; None elsewhere."""
+def _queued_jobs(session: Session, account: str) -> int:
+    """The account's jobs pending or running as the database knows them, each array task counted, as Slurm counts."""
+    single = select(func.count()).select_from(Job).where(
+        Job.account == account, Job.finished.is_(False), Job.array_size.is_(None)
+    )
+    tasks = (
+        select(func.count())
+        .select_from(JobTask)
+        .join(Job, Job.id == JobTask.job_id)
+        .where(Job.account == account, JobTask.finished.is_(False))
+    )
+    return int(session.scalar(single) or 0) + int(session.scalar(tasks) or 0)
+
+
+def _explained(app: AppState, session: Session, refusal: SlurmRejected, job: Job) -> GpupoolError | None:
+    """Slurm's refusal of ``job`` with what to do, where Slurm's words alone would not say it; None elsewhere.
+
+    Asked only once Slurm has refused, so a submit Slurm takes pays for none of it.
+    """
     if job.preemptible and _INVALID_QOS in refusal.message:
         # An association made before spot jobs existed allows QOS normal alone.
         return SlurmRejected(
@@ -227,6 +247,17 @@ def _explained(refusal: SlurmRejected, job: Job) -> SlurmRejected | None:
             f"`gpupool account create {job.account}` again, or submit without preemptible",
             code="spot_not_enabled",
         )
+    if _ACCOUNTING_POLICY in refusal.message:
+        account = session.get(Account, job.account)
+        limit = app.settings.max_submit_jobs if account is None else account.submit_job_limit(app.settings.max_submit_jobs)
+        in_use, asked = _queued_jobs(session, job.account), job.array_size or 1
+        if in_use + asked > limit:
+            return TooManyJobs(
+                f"account {job.account!r} may have at most {limit} jobs pending or running at once, each array task "
+                f"counted as one; it has {in_use} and this submit asks for {asked} more: wait for some to end, or ask "
+                "the operator to raise the account's limit",
+                limit=limit, in_use=in_use, asked=asked,
+            )
     return None
 
 
@@ -280,7 +311,7 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     except SlurmRejected as exc:
         log.info("job %s (account %s) refused by Slurm: %s", job.id, job.account, exc.message)
         _forget(app, session, job)
-        explained = _explained(exc, job)
+        explained = _explained(app, session, exc, job)
         if explained is None:
             raise
         raise explained from exc
@@ -544,7 +575,7 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
     try:
         estimated = app.slurm.test_submit(job.account, job.id, rendered.script, rendered.options)
     except SlurmRejected as exc:
-        explained = _explained(exc, job)
+        explained = _explained(app, session, exc, job)
         if explained is None:
             raise
         raise explained from exc

@@ -49,6 +49,8 @@ CREDENTIAL_FIELDS = (
 # Each idle check recounts the idle GPU-seconds of the last hour from its samples, and the
 # samples up to one 5-minute gap before it (gpupool.gpu_usage.idle_time): an hour and two gaps.
 IDLE_MIN_SAMPLE_RETENTION_MIN = 70
+# Slurm keeps GrpSubmitJobs in 32 bits; far above any job table slurmctld can hold.
+MAX_SUBMIT_JOBS = 1_000_000
 _PATH_FIELDS = ("templates_dir", "job_root", "runas_socket", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
 
 
@@ -226,6 +228,12 @@ class Settings:
     # MaxArraySize in slurm.conf (the highest index + 1; Slurm's default 1001),
     # which a tenant calling sbatch itself cannot step around: keep this below it.
     max_array_tasks: int = 1000
+    # The most jobs one account may have pending or running at once, each array task
+    # counted as a job: Slurm's GrpSubmitJobs on the account's association, which
+    # `gpupool account create` and every billing pass set, so that no tenant, by any
+    # path, fills the controller's job table (slurm.conf's MaxJobCount) and blocks
+    # everyone's submits. `gpupool account set NAME --max-submit-jobs N` overrides it.
+    max_submit_jobs: int = 1000
 
     def __post_init__(self) -> None:
         if self.container_runtime not in CONTAINER_RUNTIMES:
@@ -256,6 +264,8 @@ class Settings:
             raise ConfigError("log_read_max_bytes must be positive")
         if not 1 <= self.max_array_tasks <= 100_000:
             raise ConfigError("max_array_tasks must be between 1 and 100000")
+        if not 1 <= self.max_submit_jobs <= MAX_SUBMIT_JOBS:
+            raise ConfigError(f"max_submit_jobs must be between 1 and {MAX_SUBMIT_JOBS}")
         if not 0 < self.jwt_default_ttl_s <= self.jwt_max_ttl_s:
             raise ConfigError("jwt_default_ttl_s must be positive and at most jwt_max_ttl_s")
         if self.token_check_cache_s < 0:

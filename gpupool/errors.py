@@ -13,7 +13,8 @@
     │   ├── PaymentRequired         the account's budget cannot cover the job (402)
     │   ├── NotFound                no such resource for this caller (404)
     │   ├── Conflict                state or idempotency clash (409)
-    │   │   └── LogUnavailable      the job's log is a link, FIFO or foreign file (409)
+    │   │   ├── LogUnavailable      the job's log is a link, FIFO or foreign file (409)
+    │   │   └── TooManyJobs         the account holds as many jobs as Slurm lets it queue (409)
     │   ├── PayloadTooLarge         body over the configured limit (413)
     │   ├── UnsupportedMediaType    body is not JSON (415)
     │   └── ValidationFailed        well-formed but invalid values (422)
@@ -123,6 +124,16 @@ class PayloadTooLarge(RequestError):
 
 class UnsupportedMediaType(RequestError):
     code = "unsupported_media_type"
+
+
+class TooManyJobs(Conflict):
+    """The account has as many jobs pending or running as its Slurm association allows (GrpSubmitJobs).
+
+    A conflict with the account's state, not a rate: retrying at once cannot help, so
+    no client should treat it as a 429 to retry.
+    """
+
+    code = "job_limit_reached"
 
 
 class ValidationFailed(RequestError):

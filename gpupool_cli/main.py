@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from billing.money import format_nanos
 from gpupool import audit, db
-from gpupool.config import Settings, load_settings
+from gpupool.config import MAX_SUBMIT_JOBS, Settings, load_settings
 from gpupool.containers import docker_runtime_refusal
 from gpupool.db.roles import API, BILLING, EMAIL, WEBHOOKS, ServiceRoles, apply_grants
 from gpupool.errors import ConfigError, GpupoolError
@@ -48,6 +48,13 @@ def _non_negative(value: str) -> int:
     number = int(value)
     if number < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
+    return number
+
+
+def _job_limit(value: str) -> int:
+    number = int(value)
+    if not 1 <= number <= MAX_SUBMIT_JOBS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_SUBMIT_JOBS}")
     return number
 
 
@@ -85,7 +92,8 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
     # Unix user and Slurm first: a database row alone could take jobs nobody can run.
     tenant = ensure_tenant_user(settings, args.name, uid=recorded_uid, taken_uids=taken)
     ensure_tenant_folder(settings, tenant)
-    SlurmClient(settings).ensure_account(args.name, args.gpu_limit, tenant.user)
+    job_limit = settings.max_submit_jobs if args.max_submit_jobs is None else args.max_submit_jobs
+    SlurmClient(settings).ensure_account(args.name, args.gpu_limit, tenant.user, max_submit_jobs=job_limit)
     with session_factory() as session, session.begin():
         account = session.get(Account, args.name)
         if account is None:
@@ -95,13 +103,17 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
         else:
             verb = "updated"
         account.gpu_limit = args.gpu_limit
+        account.max_submit_jobs = args.max_submit_jobs
         account.unix_user, account.unix_uid = tenant.user, tenant.uid
         audit.record(
             session, audit.operator_actor(), audit.ACCOUNT_CREATE, account=args.name, now=dt.datetime.now(dt.UTC),
-            details={"gpu_limit": args.gpu_limit, "unix_user": tenant.user, "existed": verb == "updated"},
+            details={
+                "gpu_limit": args.gpu_limit, "max_submit_jobs": args.max_submit_jobs, "unix_user": tenant.user,
+                "existed": verb == "updated",
+            },
         )
-    limit = "no GPU limit" if args.gpu_limit is None else f"GrpTRES=gres/gpu={args.gpu_limit}"
-    print(f"account {args.name} {verb} ({limit}; jobs run as Unix user {tenant.user}, uid {tenant.uid})")
+    print(f"account {args.name} {verb} ({_slurm_limits(args.gpu_limit, job_limit)}; "
+          f"jobs run as Unix user {tenant.user}, uid {tenant.uid})")
     refusal = docker_runtime_refusal(settings)
     if refusal is not None and verb == "created":
         print(f"warning: {refusal}; jobs with a container_image are refused (422 container_runtime_unsafe)", file=sys.stderr)
@@ -111,6 +123,33 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
             "(ansible-playbook site.yml --tags tenants)",
             file=sys.stderr,
         )
+    return 0
+
+
+def _slurm_limits(gpu_limit: int | None, job_limit: int) -> str:
+    gpus = "no GPU limit" if gpu_limit is None else f"GrpTRES=gres/gpu={gpu_limit}"
+    return f"{gpus}, GrpSubmitJobs={job_limit}"
+
+
+def cmd_account_sync(settings: Settings, args: argparse.Namespace) -> int:
+    """Every account's Slurm association brought to what the database and the settings say (after an upgrade,
+    or a new site default of max_submit_jobs); what the playbook runs on the API host."""
+    if os.geteuid() != 0:
+        raise ConfigError("account sync must run as root: it changes the accounts' Slurm associations")
+    with db.migrated_sessions(settings.database_url)() as session:
+        accounts = [
+            (account.name, account.gpu_limit, account.unix_user, account.submit_job_limit(settings.max_submit_jobs))
+            for account in session.scalars(select(Account).where(Account.unix_user.is_not(None)).order_by(Account.name))
+        ]
+    slurm = SlurmClient(settings)
+    changed = 0
+    for name, gpu_limit, unix_user, job_limit in accounts:
+        assert unix_user is not None  # selected above
+        if slurm.ensure_account(name, gpu_limit, unix_user, max_submit_jobs=job_limit):
+            changed += 1
+            print(f"account {name}: {_slurm_limits(gpu_limit, job_limit)}")
+    # The playbook reads this line to report the task changed or not.
+    print(f"changed {changed} of {len(accounts)} account(s) in Slurm")
     return 0
 
 
@@ -126,7 +165,8 @@ def cmd_account_list(settings: Settings, args: argparse.Namespace) -> int:
             limit = "-" if account.gpu_limit is None else str(account.gpu_limit)
             credit = "-" if account.prepaid_credit_nanos is None else format_nanos(account.prepaid_credit_nanos)
             monthly = "-" if account.monthly_limit_nanos is None else format_nanos(account.monthly_limit_nanos)
-            print(f"{account.name}\tgpu_limit={limit}\tcredit={credit}\tmonthly_limit={monthly}")
+            jobs = account.submit_job_limit(settings.max_submit_jobs)
+            print(f"{account.name}\tgpu_limit={limit}\tcredit={credit}\tmonthly_limit={monthly}\tmax_submit_jobs={jobs}")
     return 0
 
 
@@ -159,7 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     create = account.add_parser("create", help="create (or update) an account in the database and in Slurm")
     create.add_argument("name", type=_account_name)
     create.add_argument("--gpu-limit", type=_non_negative, default=None, help="GPUs the account may hold at once")
+    create.add_argument(
+        "--max-submit-jobs", type=_job_limit, default=None, metavar="N",
+        help="jobs (each array task one) the account may have pending or running at once; default: max_submit_jobs",
+    )
     create.set_defaults(handler=cmd_account_create)
+    sync = account.add_parser("sync", help="bring every account's Slurm association to the database and the settings")
+    sync.set_defaults(handler=cmd_account_sync)
     listing = account.add_parser("list", help="list accounts")
     listing.add_argument("--json", action="store_true", help="accounts and their Unix users as JSON")
     listing.set_defaults(handler=cmd_account_list)

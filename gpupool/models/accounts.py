@@ -21,6 +21,8 @@ class Account(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     gpu_limit: Mapped[int | None] = mapped_column(Integer)
+    # Jobs pending or running at once, array tasks one by one (Slurm's GrpSubmitJobs); None: the site's max_submit_jobs.
+    max_submit_jobs: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     # Budgets, in nano-units: total prepaid credit granted, and a spend cap per UTC month.
     prepaid_credit_nanos: Mapped[int | None] = mapped_column(BigInteger)
@@ -30,3 +32,7 @@ class Account(Base):
     unix_uid: Mapped[int | None] = mapped_column(Integer)
     # Set by `gpupool account disable`: its tokens are refused from then on.
     disabled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    def submit_job_limit(self, site_default: int) -> int:
+        """The most jobs (array tasks one by one) the account may have pending or running at once."""
+        return self.max_submit_jobs if self.max_submit_jobs is not None else site_default

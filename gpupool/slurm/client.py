@@ -669,43 +669,48 @@ class SlurmClient:
         """Set the account's Slurm budget (None: none), through root: the service is no Slurm operator."""
         self._as_tenant("sacctmgr", lambda: self.tenants.set_budget(account, gpu_minutes))
 
-    def ensure_account(self, name: str, gpu_limit: int | None, user: str) -> None:
-        """Create the Slurm account, the tenant user's association and its GPU cap; idempotent.
+    def _sacctmgr_modify(self, args: Sequence[str]) -> bool:
+        """``sacctmgr --immediate modify ...``; whether it changed anything (it exits 1 with "Nothing modified" when not)."""
+        result = self._command("sacctmgr", ["--immediate", "modify", *args], check=False)
+        if result.returncode == 0:
+            return True
+        if "Nothing modified" in result.stdout + result.stderr:
+            return False
+        raise CommandFailed(result.argv, result.returncode, result.stderr)
 
+    def ensure_account(self, name: str, gpu_limit: int | None, user: str, *, max_submit_jobs: int) -> bool:
+        """Create the Slurm account, the tenant user's association, its GPU cap and its job cap; idempotent.
+
+        The job cap is GrpSubmitJobs: the account's jobs pending or running at
+        once, every array task counted as one, whoever of its users submits them.
         Any association the service user kept on the account from before tenants
         is removed: the service must not be able to submit as a customer.
+        Returns whether anything in Slurm changed.
         """
+        changed = False
         if not self._sacctmgr_rows(["show", "account", name, "format=account"]):
             self._command(
                 "sacctmgr", ["--immediate", "add", "account", name, f"description=gpupool customer {name}", "organization=gpupool"]
             )
+            changed = True
         if not self._sacctmgr_rows(["show", "association", "where", f"account={name}", f"user={user}", "format=user"]):
             self._command("sacctmgr", ["--immediate", "add", "user", user, f"account={name}", f"defaultaccount={name}"])
+            changed = True
         # Spot jobs: the tenant may run under normal or spot and no other QOS, normal unless it
         # asks; billing prices each run at its QOS's tier. A cluster whose playbook predates
         # spot has no such QOS, and the association keeps what it had.
         if self._sacctmgr_rows(["show", "qos", SPOT_QOS, "format=name"]):
-            qos = self._command(
-                "sacctmgr",
-                [
-                    "--immediate", "modify", "user", "where", f"name={user}", f"account={name}",
-                    "set", f"qos=normal,{SPOT_QOS}", "defaultqos=normal",
-                ],
-                check=False,
+            changed |= self._sacctmgr_modify(
+                ["user", "where", f"name={user}", f"account={name}", "set", f"qos=normal,{SPOT_QOS}", "defaultqos=normal"]
             )
-            if qos.returncode != 0 and "Nothing modified" not in (qos.stdout + qos.stderr):
-                raise CommandFailed(qos.argv, qos.returncode, qos.stderr)
         service = self.settings.service_user
         if service not in ("root", user) and self._sacctmgr_rows(
             ["show", "association", "where", f"account={name}", f"user={service}", "format=user"]
         ):
             self._command("sacctmgr", ["--immediate", "delete", "user", "where", f"name={service}", f"account={name}"])
+            changed = True
         limit = "-1" if gpu_limit is None else str(gpu_limit)
-        result = self._command(
-            "sacctmgr",
-            ["--immediate", "modify", "account", "where", f"name={name}", "set", f"GrpTRES=gres/gpu={limit}"],
-            check=False,
+        changed |= self._sacctmgr_modify(
+            ["account", "where", f"name={name}", "set", f"GrpTRES=gres/gpu={limit}", f"GrpSubmitJobs={max_submit_jobs}"]
         )
-        # sacctmgr exits 1 with "Nothing modified" when the limit is already set.
-        if result.returncode != 0 and "Nothing modified" not in (result.stdout + result.stderr):
-            raise CommandFailed(result.argv, result.returncode, result.stderr)
+        return changed

@@ -36,7 +36,7 @@ def test_a_spot_job_of_an_account_made_before_spot_jobs_says_how_to_enable_them(
         # A full-price job of the same account is Slurm's to refuse or take as before.
         assert client.post("/submit", headers=headers, json={**SPOT_HELLO, "preemptible": False}).status_code == 201
         # Nothing was kept: the same request goes through once the operator has run the command.
-        slurm.ensure_account(account, 4, f"{settings.tenant_user_prefix}{account}")
+        slurm.ensure_account(account, 4, f"{settings.tenant_user_prefix}{account}", max_submit_jobs=settings.max_submit_jobs)
         accepted = client.post("/submit", headers=headers, json=SPOT_HELLO)
         assert accepted.status_code == 201, accepted.get_data(as_text=True)
         assert accepted.get_json()["preemptible"] is True

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpupool import db
+from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.tokens import verify_token
 from tests.conftest import JWT_SECRET, REPO, base_settings, slurm_cmd
@@ -72,13 +73,24 @@ def test_account_create_makes_the_tenant_user_slurm_association_and_gpu_limit(
     listed = json.loads(run_cli("account", "list", "--json", database_url=sqlite_url).stdout)
     assert {"account": new_account, "unix_user": tenant, "unix_uid": user.pw_uid} in listed
 
-    again = run_cli("account", "create", new_account, "--gpu-limit", "3", database_url=sqlite_url, job_root=job_root)
-    assert again.returncode == 0 and "updated" in again.stdout
-    rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres").split()
-    assert f"{new_account}||gres/gpu=3" in rows
+    # The account's job cap: the site's default, then its own.
+    association = ("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres,grpsubmit")
+    assert f"{new_account}||gres/gpu=2|{Settings.max_submit_jobs}" in slurm_cmd(*association).split()
+    again = run_cli(
+        "account", "create", new_account, "--gpu-limit", "3", "--max-submit-jobs", "50", database_url=sqlite_url, job_root=job_root
+    )
+    assert again.returncode == 0 and "updated" in again.stdout and "GrpSubmitJobs=50" in again.stdout
+    assert f"{new_account}||gres/gpu=3|50" in slurm_cmd(*association).split()
     assert pwd.getpwnam(tenant).pw_uid == user.pw_uid  # same user, same uid
     listed = run_cli("account", "list", database_url=sqlite_url)
-    assert f"{new_account}\tgpu_limit=3\tcredit=-\tmonthly_limit=-" in listed.stdout.splitlines()
+    assert f"{new_account}\tgpu_limit=3\tcredit=-\tmonthly_limit=-\tmax_submit_jobs=50" in listed.stdout.splitlines()
+    # What an upgrade (or a new site default) runs: every account's association from the database.
+    slurm_cmd("sacctmgr", "-i", "modify", "account", "where", f"name={new_account}", "set", "GrpSubmitJobs=-1")
+    synced = run_cli("account", "sync", database_url=sqlite_url, job_root=job_root)
+    assert synced.returncode == 0, synced.stderr
+    assert synced.stdout.splitlines() == [f"account {new_account}: GrpTRES=gres/gpu=3, GrpSubmitJobs=50", "changed 1 of 1 account(s) in Slurm"]
+    assert f"{new_account}||gres/gpu=3|50" in slurm_cmd(*association).split()
+    assert run_cli("account", "sync", database_url=sqlite_url).stdout == "changed 0 of 1 account(s) in Slurm\n"
 
 
 @pytest.mark.parametrize(
@@ -86,6 +98,7 @@ def test_account_create_makes_the_tenant_user_slurm_association_and_gpu_limit(
     [
         (("account", "create", "Bad Name"), "not a valid account name"),
         (("account", "create", "ok", "--gpu-limit", "-1"), "must be 0 or more"),
+        (("account", "create", "ok", "--max-submit-jobs", "0"), "must be between 1 and 1000000"),
         (("token", "create", "--account", "acme"), "--user"),
         (("frobnicate",), "invalid choice"),
     ],

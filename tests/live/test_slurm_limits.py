@@ -197,6 +197,23 @@ def test_a_pending_jobs_time_limit_cannot_be_raised(account: str, no_jobs_left: 
     assert job_detail(job_id)["TimeLimit"] == "00:05:00"
 
 
+def test_an_account_cannot_fill_the_controllers_job_table(account: str, no_jobs_left: None) -> None:
+    # GrpSubmitJobs on the account's association: each array task counts as a job.
+    rows = parse_delimited(slurm_cmd("sacctmgr", "--parsable2", "show", "association", f"account={account}", "format=User,GrpSubmit"))
+    cap = int(next(row["GrpSubmit"] for row in rows if not row["User"]))
+    assert cap == Settings.max_submit_jobs == 1000
+    refused = submit(account, "sbatch", "--gres=gpu:1", "--hold", f"--array=0-{cap}")
+    assert refused.returncode != 0
+    assert "Job violates accounting/QOS policy" in refused.stderr
+    assert account_jobs(account) == ""
+    accepted = submit(account, "sbatch", "--gres=gpu:1", "--hold", f"--array=0-{cap - 2}")
+    assert accepted.returncode == 0, accepted.stderr
+    one_more = submit(account, "sbatch", "--gres=gpu:1", "--hold")
+    assert one_more.returncode == 0, one_more.stderr
+    past = submit(account, "sbatch", "--gres=gpu:1", "--hold")
+    assert past.returncode != 0 and "Job violates accounting/QOS policy" in past.stderr
+
+
 @pytest.fixture
 def budget_account(pg_ledger: LedgerDb, slurm: SlurmClient) -> Iterator[str]:  # noqa: F811
     with throwaway_slurm_account(slurm, "bud") as name:

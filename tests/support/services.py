@@ -79,18 +79,23 @@ def cancel_account_jobs(account: str, *, run: SlurmCommand = slurm_cmd, timeout_
 
 @contextmanager
 def throwaway_slurm_account(
-    slurm: SlurmClient, prefix: str, gpu_limit: int = 4, *, run: SlurmCommand = slurm_cmd, drain_timeout_s: float = 60
+    slurm: SlurmClient, prefix: str, gpu_limit: int = 4, *, run: SlurmCommand = slurm_cmd, drain_timeout_s: float = 60,
+    max_submit_jobs: int | None = None,
 ) -> Iterator[str]:
     """A new Slurm account with its own tenant user; its jobs are cancelled and both deleted afterwards.
 
     ``run`` runs Slurm's commands against the cluster ``slurm`` submits to (the multinode suite passes its own).
+    ``max_submit_jobs``: the account's job cap (GrpSubmitJobs); the site's default when None.
     """
     name = f"{prefix}{secrets.token_hex(4)}"
     # A random uid: test sessions running side by side would race for the lowest free one.
     settings = slurm.settings
     uid = random.randint(settings.tenant_uid_min + 50_000, settings.tenant_uid_max)
     tenant = ensure_tenant_user(settings, name, uid=uid)
-    slurm.ensure_account(name, gpu_limit, tenant.user)
+    slurm.ensure_account(
+        name, gpu_limit, tenant.user,
+        max_submit_jobs=settings.max_submit_jobs if max_submit_jobs is None else max_submit_jobs,
+    )
     try:
         yield name
     finally:
