@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 include deploy/cluster.mk
 
-.PHONY: venv venv-test preflight services run test test-calendar test-freshhost test-multinode test-realhosts test-unit docs lint bench clean
+.PHONY: venv venv-test preflight services run test check test-calendar test-freshhost test-multinode test-realhosts test-unit test-app docs lint bench clean
 
 # What running gpupool needs (gpupool, ansible-core); venv-test adds the test
 # tools (dev extras, the client, chromium and its driver).
@@ -83,9 +83,20 @@ docs: venv-test
 test-unit: venv-test
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
+# The app in-process on SQLite, Slurm from recorded outputs: no service at all.
+test-app: venv-test
+	$(VENV)/bin/pytest tests/app $(PYTEST_ARGS)
+
+# The inner loop, about a minute on 2 cores (docs/testing.md): lint, then the unit
+# and app tiers with every warning an error. Needs no cluster, database or Redis.
+check: venv-test
+	$(VENV)/bin/ruff check gpupool gpupool_cli api billing tests bench
+	$(VENV)/bin/mypy gpupool gpupool_cli api billing
+	$(VENV)/bin/pytest -q -W error -p no:cacheprovider tests/unit tests/app $(PYTEST_ARGS)
+
 # Every function annotated, imports sorted, types checked.
 lint: venv
-	$(VENV)/bin/pip install -q -e '.[dev,lint]'
+	$(VENV)/bin/pip install -q -e ".[dev,lint]"
 	$(VENV)/bin/ruff check gpupool gpupool_cli api billing tests bench
 	$(VENV)/bin/mypy gpupool gpupool_cli api billing
 

@@ -92,7 +92,7 @@ pip_install -e '.[deploy]'
 if [ "$profile" = test ]; then
   # The web pages' browser tests run headless Chromium with its matching driver.
   command -v chromedriver >/dev/null || apt_install chromium chromium-driver
-  pip_install -e '.[deploy,dev,docs]'
+  pip_install -e '.[deploy,dev,docs,lint]'
   # The customers' client (its own distribution) is tested against the real server.
   pip_install -e ./client
   "$venv/bin/python" -c 'import pytest, selenium, gpupool_client, mkdocs, material' ||

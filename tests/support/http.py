@@ -14,6 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from werkzeug.test import TestResponse
+
 from tests.support.tenancy import ensure_service_user
 
 SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr")
@@ -93,3 +95,14 @@ def counting_bin_dir(root: Path) -> tuple[Path, Path]:
 
 def slurm_calls(calls: Path, *commands: str) -> int:
     return sum(1 for line in calls.read_text().split() if line in commands)
+
+
+def assert_error(response: TestResponse, status: int, code: str | None = None) -> dict[str, Any]:
+    """The API's one error shape, ``{"error": ..., "message": ...}``, with this status (and code); the body."""
+    assert response.status_code == status, response.get_data(as_text=True)
+    body = response.get_json()
+    assert set(body) >= {"error", "message"}
+    assert body["message"]
+    if code is not None:
+        assert body["error"] == code
+    return body

@@ -7,6 +7,7 @@ from flask.testing import FlaskClient
 
 from api.auth import PAGE_BLUEPRINTS, PROXY_BLUEPRINTS
 from api.schemas import SubmitRequest
+from tests.conftest import REPO
 
 PAGE_ENDPOINT_PREFIXES = PAGE_BLUEPRINTS | {"web_root"}
 
@@ -27,7 +28,9 @@ def test_document_covers_every_route_and_uses_the_validating_schemas(app: Flask,
     documented = {(path, method) for path, item in doc["paths"].items() for method in item}
     assert routes == documented
     expected = SubmitRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    expected["properties"]["template"]["enum"] = ["envdump", "fail", "hello", "inference", "jupyter", "train", "webapp"]
+    # The operator's templates (here the shipped ones) are the only names the document allows.
+    expected["properties"]["template"]["enum"] = sorted(path.name for path in (REPO / "slurm_templates").iterdir())
+    assert expected["properties"]["template"]["enum"] == ["hello", "inference", "jupyter", "train", "webapp"]
     # Nested models (the array request) are components of their own, referenced from it.
     for name, schema in expected.pop("$defs", {}).items():
         assert doc["components"]["schemas"][name] == schema

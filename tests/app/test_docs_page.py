@@ -20,10 +20,11 @@ def test_the_reference_page_loads_only_its_own_files_with_no_token(client: Flask
     loaded = re.findall(r'(?:src|href)="(/docs/[^"]+)"', html)
     assert sorted(loaded) == sorted(["/docs/gpupool-init.js", *(f"/docs/{name}" for name in swagger_assets())])
     for path in loaded:
-        answer = client.get(path)
-        assert answer.status_code == 200, path
-        assert answer.headers["X-Content-Type-Options"] == "nosniff"
-    assert client.get("/docs/swagger-ui-bundle.js").get_data().startswith(b"/*! For license information")
+        with client.get(path) as answer:  # a served file stays open until its response is closed
+            assert answer.status_code == 200, path
+            assert answer.headers["X-Content-Type-Options"] == "nosniff"
+    with client.get("/docs/swagger-ui-bundle.js") as bundle:
+        assert bundle.get_data().startswith(b"/*! For license information")
 
 
 def test_only_the_files_the_page_loads_are_served(client: FlaskClient) -> None:
