@@ -53,9 +53,10 @@ def _number(name: str, default: int | None) -> int | None:
 @audit_bp.get("/account/audit")
 def list_audit() -> Response:
     account = visible_account()
-    limit = _number("limit", DEFAULT_PAGE) or DEFAULT_PAGE
-    if limit > audit_log.MAX_PAGE:
-        raise ValidationFailed(f"limit may be at most {audit_log.MAX_PAGE}", field="limit")
+    limit = _number("limit", DEFAULT_PAGE)
+    assert limit is not None  # it has a default
+    if not 1 <= limit <= audit_log.MAX_PAGE:
+        raise ValidationFailed(f"limit must be between 1 and {audit_log.MAX_PAGE}", field="limit")
     rows = audit_log.events(db_session(), account=account, before_id=_number("before", None), limit=limit)
     listed = AuditList(
         events=[

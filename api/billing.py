@@ -58,6 +58,7 @@ def get_invoice(period: str) -> Response:
 @billing_bp.get("/usage")
 def get_usage() -> Response:
     now = calendar_now()
-    period = check_period(request.args.get("period") or period_of(now))
+    asked = request.args.get("period")
+    period = period_of(now) if asked is None else check_period(asked)
     account = visible_account()
     return jsonify(usage(db_session(), account, period, app_state().settings.currency, now))

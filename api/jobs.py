@@ -475,7 +475,8 @@ def _log_response(job: Job, task: JobTask | None) -> Response:
         raise BadRequest("limit applies to offset reads only")
     max_bytes = app_state().settings.log_read_max_bytes
     offset = _int_arg("offset", 0, 0, MAX_LOG_OFFSET)
-    limit = _int_arg("limit", max_bytes, 1, max_bytes)
+    # A larger limit is read as the most one answer carries, as documented.
+    limit = min(_int_arg("limit", max_bytes, 1, MAX_LOG_OFFSET), max_bytes)
     lines = _int_arg("tail", 100, 1, MAX_LOG_LINES)
     # State first: a job seen finished here has written its last byte, so an offset
     # that reaches the size read below is truly the end.

@@ -72,6 +72,11 @@ _LOGS_DESCRIPTION = (
     "reading again from Gpupool-Next-Offset until Gpupool-Log-Complete is true. 409 log_unavailable: the "
     "job put a symbolic link, FIFO or another user's file where its log belongs, and it is not followed."
 )
+_LOG_LIMIT = {
+    "name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_OFFSET},
+    "description": f"With offset: at most this many bytes; a larger limit reads the server's log_read_max_bytes "
+    f"({_DEFAULT_LOG_READ_KIB} KiB unless configured), which is also the default",
+}
 _LOG_HEADERS = {
     "Gpupool-Job-State": {"description": "The job's state, as GET /jobs/{job_id} shows it (PENDING, RUNNING, COMPLETED, ...)", "schema": {"type": "string"}},
     "Gpupool-Next-Offset": {"description": "Offset reads only: the offset to read from next", "schema": {"type": "integer", "minimum": 0}},
@@ -284,7 +289,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                         {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: one account's jobs (default: all)"},
                         {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                     ],
-                    "responses": {"200": {"description": "A page of jobs", "content": _json("JobList")}, **_errors(400, *auth_errors)},
+                    "responses": {"200": {"description": "A page of jobs", "content": _json("JobList")}, **_errors(400, 404, *auth_errors)},
                 }
             },
             "/jobs/{job_id}": {
@@ -308,7 +313,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                         {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
                         {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}, "description": "The last N lines (default 100); not with offset"},
                         {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LOG_OFFSET}, "description": "Return the bytes from this offset (start at 0, then send Gpupool-Next-Offset back); not with tail"},
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}, "description": f"With offset: at most this many bytes (default and maximum: the server's log_read_max_bytes, {_DEFAULT_LOG_READ_KIB} KiB unless configured)"},
+                        _LOG_LIMIT,
                     ],
                     "responses": {
                         "200": {
@@ -353,7 +358,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                         {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
                         {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}},
                         {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LOG_OFFSET}},
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+                        _LOG_LIMIT,
                     ],
                     "responses": {
                         "200": {"description": "Log bytes", "headers": _LOG_HEADERS, "content": {"text/plain": {"schema": {"type": "string"}}}},

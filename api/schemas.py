@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from flask import request
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from billing.alerts import MAX_FORECAST_HOURS, MAX_THRESHOLDS, check_thresholds
 from gpupool.api_keys import MAX_NAME_LENGTH as MAX_KEY_NAME_LENGTH
@@ -454,9 +455,10 @@ class AlertsIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    # Left out keeps the thresholds; null means nothing, so the document does not offer it (SkipJsonSchema).
     thresholds: Annotated[
         list[Annotated[int, Field(ge=1, le=100)]], Field(min_length=1, max_length=MAX_THRESHOLDS), AfterValidator(_thresholds)
-    ] | None = Field(
+    ] | SkipJsonSchema[None] = Field(
         default=None,
         description="Percentages of the prepaid credit / monthly limit used, e.g. [50, 80, 100]; each fires once per period.",
         examples=[[50, 80, 100]],

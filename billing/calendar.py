@@ -8,12 +8,13 @@ import re
 
 from gpupool.errors import BadRequest
 
-PERIOD = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+# 1970 (Slurm's epoch) to 2999: every month, and the one after it, is a date Python can hold.
+PERIOD = re.compile(r"^(19[7-9][0-9]|2[0-9]{3})-(0[1-9]|1[0-2])$")
 
 
 def check_period(text: str) -> str:
     if not PERIOD.match(text or ""):
-        raise BadRequest(f"period {text!r} is not a month in the form YYYY-MM", code="bad_period")
+        raise BadRequest(f"period {text!r} is not a month from 1970-01 to 2999-12 in the form YYYY-MM", code="bad_period")
     return text
 
 

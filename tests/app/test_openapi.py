@@ -55,7 +55,7 @@ def test_logs_endpoint_documents_offset_reads(client: FlaskClient) -> None:
     params = {param["name"]: param for param in logs["parameters"]}
     assert set(params) == {"job_id", "stream", "tail", "offset", "limit"}
     assert params["offset"]["schema"] == {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}
-    assert params["limit"]["schema"] == {"type": "integer", "minimum": 1}
+    assert params["limit"]["schema"] == {"type": "integer", "minimum": 1, "maximum": 2**53 - 1}
     ok = logs["responses"]["200"]
     assert set(ok["headers"]) == {"Gpupool-Job-State", "Gpupool-Next-Offset", "Gpupool-Log-Complete"}
     assert ok["headers"]["Gpupool-Log-Complete"]["schema"] == {"enum": ["true", "false"]}
