@@ -270,7 +270,9 @@ def test_an_account_admin_makes_keys_and_members_and_reads_the_activity(
     browser.find_element(By.ID, "member-subject").send_keys("carol")
     browser.find_element(By.ID, "member-monthly-limit").send_keys("lots")
     browser.find_element(By.ID, "member-save").click()
-    assert "monthly_limit" in browser.find_element(By.ID, "member-error").text
+    # The form posts and the page comes back with the error: wait for that page, not the one clicked on.
+    (error,) = wait_for(lambda: browser.find_elements(By.ID, "member-error"), timeout_s=15, what="the member form's error")
+    assert "monthly_limit" in error.text
     browser.get(server.url + "/ui/members")
     browser.find_element(By.CSS_SELECTOR, '#members tr[data-member="bob"] button.remove').click()
     wait_for(lambda: not browser.find_elements(By.CSS_SELECTOR, '#members tr[data-member="bob"]'), timeout_s=15, what="bob removed")
