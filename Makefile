@@ -33,15 +33,34 @@ run: preflight
 	$(MAKE) --no-print-directory venv cluster
 	deploy/local/run-demo.sh
 
-# The whole suite against the real local cluster, PostgreSQL and Redis.
+# The whole suite against the real local cluster, PostgreSQL and Redis, in two runs:
+# first the suites that wait on Slurm and share its one node (one test at a time),
+# then the CPU-bound ones (the playbook rendered ~80 times, billing replays, the unit
+# and app tiers) on both cores with pytest-xdist; each worker makes its own databases
+# and Slurm accounts, and a module's tests share one worker (--dist loadfile).
+# JUNIT_DIR: where each run writes its JUnit XML (.ci/run names the slowest tests from it).
+TEST_SERIAL := tests/api tests/billing/test_billing_cluster.py tests/billing/test_report_cluster.py tests/client \
+	tests/live tests/local tests/cluster/test_playbook.py tests/multinode tests/freshhost tests/realhosts
+TEST_PARALLEL := tests/billing tests/cluster tests/unit tests/app
+TEST_WORKERS ?= 2
+JUNIT_DIR ?=
+junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 test: venv-test services cluster
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	status=0; \
+	$(VENV)/bin/pytest $(TEST_SERIAL) $(call junit,test-serial) $(PYTEST_ARGS) || status=$$?; \
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(TEST_PARALLEL) \
+		$(addprefix --ignore=,$(filter tests/billing/% tests/cluster/%,$(TEST_SERIAL))) \
+		$(call junit,test-parallel) $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
 
 # The tests marked `calendar` again, with the clock of every app they build frozen
 # (GPUPOOL_TEST_NOW, tests/conftest.py) at a year's last second, the next year's
 # first, and the last second of a leap day: no test may depend on today's date.
 CALENDAR_INSTANTS ?= 2026-12-31T23:59:59Z 2027-01-01T00:00:00Z 2028-02-29T23:59:59Z
-test-calendar: venv-test services cluster
+# What the tiers below provision first: the local cluster. .ci/run, which runs them
+# beside `make test` once that has provisioned it, empties this.
+CLUSTER_PREREQ ?= cluster
+test-calendar: venv-test services $(CLUSTER_PREREQ)
 	set -e; for instant in $(CALENDAR_INSTANTS); do \
 		echo "test-calendar: the clock at $$instant"; \
 		GPUPOOL_TEST_NOW=$$instant $(VENV)/bin/pytest -q -m calendar $(PYTEST_ARGS); \
@@ -49,7 +68,7 @@ test-calendar: venv-test services cluster
 
 # The multinode suite (tests/multinode) on a fresh multinode cluster, removed
 # afterwards whatever the result; leftovers of an interrupted run go first.
-test-multinode: venv-test services cluster
+test-multinode: venv-test services $(CLUSTER_PREREQ)
 	$(SUDO) deploy/multinode/netns.sh down
 	$(CLUSTER_MULTINODE_PROVISION)
 	status=0; $(VENV)/bin/pytest -m multinode tests/multinode $(PYTEST_ARGS) || status=$$?; \
