@@ -379,6 +379,15 @@ def parse_inventory(text: str) -> GpuInventory:
     return GpuInventory(best, by_type, share, share_by_type)
 
 
+def _tres_value(tres: str, name: str) -> str | None:
+    """The value of ``name`` in a TRES list such as ``cpu=4,gres/gpu=2`` (sacctmgr's GrpTRES); None when absent."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == name:
+            return value
+    return None
+
+
 def _log_refused(refused: Sequence[str]) -> None:
     for reason in refused:
         log.warning("%s; the rest of the answer still counts", reason)
@@ -661,22 +670,29 @@ class SlurmClient:
         for row in rows:
             if row["User"].strip():
                 continue  # the account's own association carries the limit; users' rows inherit it
-            limits = dict(item.partition("=")[::2] for item in row["GrpTRESMins"].split(",") if "=" in item)
-            found.setdefault(row["Account"].strip().lower(), set()).add(parse_int(limits.get(BUDGET_TRES, "")))
+            found.setdefault(row["Account"].strip().lower(), set()).add(parse_int(_tres_value(row["GrpTRESMins"], BUDGET_TRES) or ""))
         return found
 
     def set_budget(self, account: str, gpu_minutes: int | None) -> None:
         """Set the account's Slurm budget (None: none), through root: the service is no Slurm operator."""
         self._as_tenant("sacctmgr", lambda: self.tenants.set_budget(account, gpu_minutes))
 
-    def _sacctmgr_modify(self, args: Sequence[str]) -> bool:
-        """``sacctmgr --immediate modify ...``; whether it changed anything (it exits 1 with "Nothing modified" when not)."""
+    def _sacctmgr_modify(self, args: Sequence[str]) -> None:
         result = self._command("sacctmgr", ["--immediate", "modify", *args], check=False)
-        if result.returncode == 0:
-            return True
-        if "Nothing modified" in result.stdout + result.stderr:
-            return False
-        raise CommandFailed(result.argv, result.returncode, result.stderr)
+        # sacctmgr exits 1 with "Nothing modified" when what is set is already there.
+        if result.returncode != 0 and "Nothing modified" not in result.stdout + result.stderr:
+            raise CommandFailed(result.argv, result.returncode, result.stderr)
+
+    def _associations(self, account: str) -> list[dict[str, str]]:
+        """The account's associations on every cluster slurmdbd serves: the account's own (User empty) and its users'."""
+        result = self._command(
+            "sacctmgr",
+            ["--parsable2", "show", "association", "where", f"account={account}", "format=Cluster,User,GrpTRES,GrpSubmit,QOS,DefaultQOS"],
+        )
+        try:
+            return parse_delimited(result.stdout, required=("User", "GrpTRES", "GrpSubmit", "QOS", "Def QOS"))
+        except ParseError as exc:
+            raise SlurmUnavailable(f"unexpected sacctmgr output: {exc}") from exc
 
     def ensure_account(self, name: str, gpu_limit: int | None, user: str, *, max_submit_jobs: int) -> bool:
         """Create the Slurm account, the tenant user's association, its GPU cap and its job cap; idempotent.
@@ -685,7 +701,8 @@ class SlurmClient:
         once, every array task counted as one, whoever of its users submits them.
         Any association the service user kept on the account from before tenants
         is removed: the service must not be able to submit as a customer.
-        Returns whether anything in Slurm changed.
+        Returns whether anything in Slurm changed: each setting is compared with
+        what slurmdbd holds first, since sacctmgr reports "Modified" either way.
         """
         changed = False
         if not self._sacctmgr_rows(["show", "account", name, "format=account"]):
@@ -696,21 +713,33 @@ class SlurmClient:
         if not self._sacctmgr_rows(["show", "association", "where", f"account={name}", f"user={user}", "format=user"]):
             self._command("sacctmgr", ["--immediate", "add", "user", user, f"account={name}", f"defaultaccount={name}"])
             changed = True
-        # Spot jobs: the tenant may run under normal or spot and no other QOS, normal unless it
-        # asks; billing prices each run at its QOS's tier. A cluster whose playbook predates
-        # spot has no such QOS, and the association keeps what it had.
-        if self._sacctmgr_rows(["show", "qos", SPOT_QOS, "format=name"]):
-            changed |= self._sacctmgr_modify(
-                ["user", "where", f"name={user}", f"account={name}", "set", f"qos=normal,{SPOT_QOS}", "defaultqos=normal"]
-            )
         service = self.settings.service_user
         if service not in ("root", user) and self._sacctmgr_rows(
             ["show", "association", "where", f"account={name}", f"user={service}", "format=user"]
         ):
             self._command("sacctmgr", ["--immediate", "delete", "user", "where", f"name={service}", f"account={name}"])
             changed = True
-        limit = "-1" if gpu_limit is None else str(gpu_limit)
-        changed |= self._sacctmgr_modify(
-            ["account", "where", f"name={name}", "set", f"GrpTRES=gres/gpu={limit}", f"GrpSubmitJobs={max_submit_jobs}"]
-        )
+        rows = self._associations(name)
+        # Spot jobs: the tenant may run under normal or spot and no other QOS, normal unless it
+        # asks; billing prices each run at its QOS's tier. A cluster whose playbook predates
+        # spot has no such QOS, and the association keeps what it had.
+        tenant_rows = [row for row in rows if row["User"] == user]
+        if any(set(row["QOS"].split(",")) != {"normal", SPOT_QOS} or row["Def QOS"] != "normal" for row in tenant_rows) and (
+            self._sacctmgr_rows(["show", "qos", SPOT_QOS, "format=name"])
+        ):
+            self._sacctmgr_modify(
+                ["user", "where", f"name={user}", f"account={name}", "set", f"qos=normal,{SPOT_QOS}", "defaultqos=normal"]
+            )
+            changed = True
+        wanted_gpus = None if gpu_limit is None else str(gpu_limit)
+        account_rows = [row for row in rows if not row["User"]]
+        if any(
+            _tres_value(row["GrpTRES"], BUDGET_TRES) != wanted_gpus or row["GrpSubmit"] != str(max_submit_jobs)
+            for row in account_rows
+        ):
+            limit = "-1" if gpu_limit is None else str(gpu_limit)
+            self._sacctmgr_modify(
+                ["account", "where", f"name={name}", "set", f"GrpTRES=gres/gpu={limit}", f"GrpSubmitJobs={max_submit_jobs}"]
+            )
+            changed = True
         return changed
