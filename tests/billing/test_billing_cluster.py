@@ -19,11 +19,12 @@ import pytest
 
 from api import create_app
 from billing.calendar import period_of
+from gpupool.clock import FrozenClock
 from gpupool.errors import CommandFailed
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
-from tests.conftest import bearer, slurm_cmd, throwaway_slurm_account, wait_for
+from tests.conftest import SUITE_NOW, bearer, slurm_cmd, throwaway_slurm_account, wait_for
 from tests.support.tenancy import sbatch_as_tenant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -211,7 +212,7 @@ def test_a_running_job_is_metered_pass_by_pass(pg_ledger: LedgerDb, account: str
 
 
 def test_the_api_job_carries_its_gpupool_id_into_the_ledger(pg_ledger: LedgerDb, account: str) -> None:
-    app = create_app(pg_ledger.settings.replace(refresh_interval_s=1.0), session_factory=pg_ledger.sessions)
+    app = create_app(pg_ledger.settings.replace(refresh_interval_s=1.0), session_factory=pg_ledger.sessions, clock=FrozenClock(SUITE_NOW))
     client = app.test_client()
     headers = bearer(pg_ledger.settings, account)
     created = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "params": {"seconds": 2}})

@@ -28,6 +28,7 @@ from billing import passes
 from billing.alerts import set_alert_settings
 from billing.report.idle import idle_rows
 from gpupool import db
+from gpupool.clock import FrozenClock
 from gpupool.db.locks import IDLE_CHECK, alone
 from gpupool.db.roles import TABLE_ACCESS
 from gpupool.gpu_usage.idle_time import store_idle_hours
@@ -57,7 +58,7 @@ from tests.billing.conftest import (
     spend_totals,
 )
 from tests.billing.test_ledger import dump, replay_ok, row
-from tests.conftest import base_settings, bearer, wait_for_state
+from tests.conftest import SUITE_NOW, base_settings, bearer, wait_for_state
 from tests.support.gpu_exporter import serve_exporter
 from tests.support.http import free_port
 from tests.support.receiver import serve_smtp, serve_webhooks
@@ -613,7 +614,7 @@ def test_the_idle_check_runs_as_the_api_role_and_exits_3_for_a_node_it_cannot_re
         with throwaway_slurm_account(slurm, "idle") as account:
             add_account_row(billed.owner.sessions, account)
             headers = bearer(billed.owner.settings, account)
-            client = create_app(settings, slurm=slurm, session_factory=db.make_session_factory(engine)).test_client()
+            client = create_app(settings, slurm=slurm, session_factory=db.make_session_factory(engine), clock=FrozenClock(SUITE_NOW)).test_client()
             created = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "params": {"seconds": 600}})
             assert created.status_code == 201, created.get_json()
             job = wait_for_state(client, created.get_json()["job_id"], headers, {"RUNNING"}, timeout_s=180)
@@ -653,7 +654,7 @@ def test_the_api_submits_and_shows_a_job_as_the_api_role(billed: RolesDb, job_ro
             with billed.owner.sessions() as session, session.begin():
                 session.execute(update(Account).where(Account.name == account).values(prepaid_credit_nanos=10**12))
             headers = bearer(billed.owner.settings, account)
-            app = create_app(settings, slurm=slurm, session_factory=db.make_session_factory(engine))
+            app = create_app(settings, slurm=slurm, session_factory=db.make_session_factory(engine), clock=FrozenClock(SUITE_NOW))
             client = app.test_client()
             registered = client.post("/webhooks", headers=headers, json={"url": "http://127.0.0.1:9/hook", "events": ["job.ended"]})
             assert registered.status_code == 201, registered.get_json()

@@ -12,9 +12,18 @@ from sqlalchemy import func, select
 
 from billing.prices import set_price
 from gpupool import db
+from gpupool.clock import FrozenClock
 from gpupool.models import Account, Job, Price
 from gpupool.slurm.client import SlurmClient
-from tests.conftest import add_account_row, base_settings, recorded_token, slurm_cmd, throwaway_slurm_account, utc
+from tests.conftest import (
+    SUITE_NOW,
+    add_account_row,
+    base_settings,
+    recorded_token,
+    slurm_cmd,
+    throwaway_slurm_account,
+    utc,
+)
 from tests.live.conftest import Server, http
 
 SUBMITS = 20
@@ -92,7 +101,7 @@ def test_concurrent_submits_on_sqlite_take_the_write_lock_first(
             session.get_one(Account, account).prepaid_credit_nanos = fits * WORST_CASE_NANOS
             set_price(session, "rtx4090", PRICE_NANOS, utc("2020-01-01T00:00:00Z"))
         settings = base_settings(database_url=url, job_root=str(job_root), runas_socket=runas_socket)
-        app = create_app(settings)
+        app = create_app(settings, clock=FrozenClock(SUITE_NOW))
         headers = {"Authorization": "Bearer " + recorded_token(settings, account, sub="racer")}
         start = threading.Barrier(8)
         statuses: list[int] = []

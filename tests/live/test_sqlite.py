@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpupool import db
+from gpupool.clock import FrozenClock
 from gpupool.models import Account
-from tests.conftest import base_settings, bearer, sacct_row, utc, wait_for_state
+from tests.conftest import SUITE_NOW, base_settings, bearer, sacct_row, utc, wait_for_state
 
 
 def test_submit_and_follow_a_job_on_sqlite(tmp_path: Path, slurm_account: str, job_root: Path, runas_socket: str) -> None:
@@ -18,7 +19,7 @@ def test_submit_and_follow_a_job_on_sqlite(tmp_path: Path, slurm_account: str, j
     with db.make_session_factory(engine)() as session, session.begin():
         session.add(Account(name=slurm_account, gpu_limit=4))
     settings = base_settings(database_url=url, job_root=str(job_root), runas_socket=runas_socket)
-    client = create_app(settings).test_client()
+    client = create_app(settings, clock=FrozenClock(SUITE_NOW)).test_client()
     headers = bearer(settings, slurm_account)
 
     created = client.post("/submit", headers=headers, json={"template": "hello", "gpus": 1, "params": {"message": "sqlite"}})

@@ -13,12 +13,14 @@ import pytest
 from flask.testing import FlaskClient
 
 from gpupool import db
+from gpupool.clock import FrozenClock
 from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.slurm.client import SlurmClient
 from tests.conftest import (
     JWT_SECRET,
     REPO,
+    SUITE_NOW,
     add_account_row,
     base_settings,
     sacct_row,
@@ -77,7 +79,7 @@ def deployment(tmp_path: Path, account: str, *, tenant: bool, **overrides: str) 
     engine.dispose()
     # No token cache: the API sees each CLI change on its very next request.
     settings = base_settings(database_url=url, token_check_cache_s=0, **overrides)
-    return Deployment(settings, account, create_app(settings).test_client())
+    return Deployment(settings, account, create_app(settings, clock=FrozenClock(SUITE_NOW)).test_client())
 
 
 @pytest.fixture

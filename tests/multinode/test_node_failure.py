@@ -14,11 +14,12 @@ from collections.abc import Iterator
 import pytest
 
 from api import create_app
+from gpupool.clock import FrozenClock
 from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.slurm.client import SlurmClient
 from tests.billing.conftest import RTX3090_NANOS, LedgerDb, _prepare
-from tests.conftest import bearer, create_database, drop_database, wait_for, wait_for_state
+from tests.conftest import SUITE_NOW, bearer, create_database, drop_database, wait_for, wait_for_state
 from tests.multinode.conftest import (
     GPU2_NODE,
     MULTINODE_SLURM_CONF,
@@ -70,7 +71,7 @@ def kill_node(node: str) -> None:
 def test_a_job_on_a_node_that_dies_ends_node_fail_is_credited_and_the_node_comes_back(
     ledger: LedgerDb, billed_account: str
 ) -> None:
-    app = create_app(ledger.settings.replace(refresh_interval_s=1.0), session_factory=ledger.sessions)
+    app = create_app(ledger.settings.replace(refresh_interval_s=1.0), session_factory=ledger.sessions, clock=FrozenClock(SUITE_NOW))
     client = app.test_client()
     headers = bearer(ledger.settings, billed_account)
     created = client.post(
