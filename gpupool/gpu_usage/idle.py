@@ -389,7 +389,7 @@ def _end_session(session: Session, job: Job, now: dt.datetime) -> None:
 def _cancel(slurm: SlurmClient, job: Job) -> bool:
     assert job.slurm_job_id is not None
     try:
-        slurm.cancel(job.slurm_job_id, job.account)
+        slurm.cancel(job.slurm_job_id, job.account, user=job.unix_user)
     except CommandFailed as exc:
         if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
             log.warning("idle job %s: scancel failed: %s", job.id, exc.message)
