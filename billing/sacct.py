@@ -111,6 +111,9 @@ class JobRun:
     end_text: str = field(default="", compare=False, repr=False)
     # The QOS Slurm ran this run under, lower case: its price tier (billing.price_book.PriceBook).
     qos: str = "normal"
+    # The member's own user that ran it (Tenancy.members), whose monthly spend it counts in even
+    # when the member submitted it around the API; None: the account's user, or no gpupool tenant.
+    member_user: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -280,6 +283,7 @@ class RunReader:
         states: dict[str, str] = {}
         # Most rows repeat a (account, user) pair seen before: each pair is judged once.
         verdicts: dict[tuple[str, str], str | None] = {}
+        members = self.tenancy.members
         rows = numbered_rows(
             self.text, self.delimiter, width, has_header=self.fields is None, multiline_last=names_are_data
         )
@@ -349,6 +353,8 @@ class RunReader:
                     start_text=start_text,
                     end_text=end_text if end is not None else "",
                     qos=(row[i_qos].strip().lower() or "normal") if i_qos is not None else "normal",
+                    # Past the verdict, a member's user is its own account's.
+                    member_user=pair[1].strip() if members and pair[1].strip() in members else None,
                 )
             except ParseError as exc:
                 raise DumpRefused(line, str(exc)) from exc

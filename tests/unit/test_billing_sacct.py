@@ -257,7 +257,10 @@ def test_a_row_whose_user_and_account_do_not_go_together(account: str, user: str
 def test_rows_of_an_accounts_members_own_users_bill_that_account() -> None:
     text = output(fields(57, ALICE, ALICE_M1, "m1"), fields(58, ALICE, ALICE_M2, "m2"), fields(59, ALICE, "gp-alice", "old"))
     reader = RunReader(text, NONCE, tenancy=TENANTS, refuse_mismatches=False)
-    assert [(run.job_id_raw, run.account) for run in reader.runs()] == [(57, ALICE), (58, ALICE), (59, ALICE)]
+    # Each keeps the member's user that ran it, for that member's monthly spend; the account's own user is no member's.
+    assert [(run.job_id_raw, run.account, run.member_user) for run in reader.runs()] == [
+        (57, ALICE, ALICE_M1), (58, ALICE, ALICE_M2), (59, ALICE, None),
+    ]
     assert reader.refused == []
 
 
