@@ -436,7 +436,7 @@ def cancel_job(job_id: str) -> tuple[Response, int]:
     return jsonify(job_view(job)), 202
 
 
-def _owner_uid(job: Job) -> int | None:
+def owner_uid(job: Job) -> int | None:
     """The uid that must own the job's logs: its member's own user's, else the account's (None: none recorded)."""
     if job.unix_uid is not None:
         return job.unix_uid
@@ -487,10 +487,10 @@ def _log_response(job: Job, task: JobTask | None) -> Response:
     if task is not None:
         db_session().refresh(task)
         finished = task.finished
-    owner_uid = _owner_uid(job)
+    log_owner = owner_uid(job)
     headers = {"Gpupool-Job-State": job_view(job)["state"] if task is None else task.state}
     path = log_path(job.job_dir, stream, None if task is None else task.task_index)
-    handle = joblogs.open_log(path, owner_uid=owner_uid)
+    handle = joblogs.open_log(path, owner_uid=log_owner)
     # No file yet: the job has not started writing, which reads as an empty log.
     content, next_offset, size = b"", offset, 0
     if handle is not None:
