@@ -183,7 +183,10 @@ def account_users(settings: Settings, account: str) -> list[Tenant]:
         except KeyError:
             continue
         if entry.pw_gid == tenant.gid:
-            users.append(lookup_member(settings, account, name))
+            try:
+                users.append(lookup_member(settings, account, name))
+            except TenantError:
+                continue  # not one gpupool would act as (outside the range, say): left alone
     return users
 
 
