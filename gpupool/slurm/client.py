@@ -713,8 +713,18 @@ class SlurmClient:
         Its QOS are the account user's (normal and, where the cluster has it, spot).
         Its limits are set by ``set_member_limits``.
         """
-        if not self._sacctmgr_rows(["show", "association", "where", f"account={account}", f"user={user}", "format=user"]):
-            self._command("sacctmgr", ["--immediate", "add", "user", user, f"account={account}", f"defaultaccount={account}"])
+        # On each cluster the account is on: one slurmdbd may serve several, and sacctmgr
+        # refuses to add a user on any of them where the account is missing.
+        held: dict[str, set[str]] = {}
+        for row in self._sacctmgr_rows(["show", "association", "where", f"account={account}", "format=cluster,user"]):
+            cluster, _, name = row.partition("|")
+            held.setdefault(cluster, set()).add(name)
+        missing = sorted(cluster for cluster, names in held.items() if user not in names)
+        if missing:
+            self._command(
+                "sacctmgr",
+                ["--immediate", "add", "user", user, f"account={account}", f"defaultaccount={account}", f"cluster={','.join(missing)}"],
+            )
         if self._sacctmgr_rows(["show", "qos", SPOT_QOS, "format=name"]):
             qos = self._command(
                 "sacctmgr",
