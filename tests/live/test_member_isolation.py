@@ -7,7 +7,8 @@ with setpriv as a job of theirs would run it, tries M1's job folder, logs and
 session secret and M1's job in Slurm, and the test asserts the kernel's and
 Slurm's own answers. M2's own sbatch past M2's GPU and monthly limits is held
 back by Slurm. Both members' direct jobs are billed to the account, and each
-counts in its member's own monthly spend.
+counts in its member's own monthly spend. A job submitted before the migration
+runs on as the account's user, followed and cancelled as before.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def as_user(user: Tenant | str, *argv: str, timeout_s: float = 60) -> subprocess
     )
 
 
-def enrol(session_factory: sessionmaker, team: Team, **m2_limits: object) -> None:
+def enrol(session_factory: sessionmaker, team: Team, *, identities: bool = True) -> None:
     """The account's row, ada its admin, m1 and m2 members with the users the fixture made (committed for the test)."""
     now = SUITE_NOW
     user = TENANT_PREFIX + team.account
@@ -82,11 +83,17 @@ def enrol(session_factory: sessionmaker, team: Team, **m2_limits: object) -> Non
         session.add(Account(name=team.account, gpu_limit=4, unix_user=user, unix_uid=pwd.getpwnam(user).pw_uid))
         session.flush()
         for subject, role in (("ada", "admin"), ("m1", "member"), ("m2", "member")):
-            limits = m2_limits if subject == "m2" else {}
-            session.add(AccountMember(account=team.account, subject=subject, role=role, created_at=now, updated_at=now, **limits))
-        for subject, tenant in (("m1", team.m1), ("m2", team.m2)):
-            session.add(MemberIdentity(account=team.account, subject=subject, unix_user=tenant.user, unix_uid=tenant.uid, created_at=now))
+            session.add(AccountMember(account=team.account, subject=subject, role=role, created_at=now, updated_at=now))
         set_price(session, "rtx4090", RTX4090_NANOS, now - dt.timedelta(days=400))
+    if identities:
+        add_identities(session_factory, team)
+
+
+def add_identities(session_factory: sessionmaker, team: Team) -> None:
+    """What `gpupool member migrate` records for m1 and m2."""
+    with session_factory() as session, session.begin():
+        for subject, tenant in (("m1", team.m1), ("m2", team.m2)):
+            session.add(MemberIdentity(account=team.account, subject=subject, unix_user=tenant.user, unix_uid=tenant.uid, created_at=SUITE_NOW))
 
 
 @pytest.fixture
@@ -162,6 +169,29 @@ def test_another_member_gets_nothing_of_a_members_job_from_the_kernel_or_slurm(
     assert client.get(f"/jobs/{long_job['job_id']}/logs", headers=members["ada"]).status_code == 200
     assert client.delete(f"/jobs/{long_job['job_id']}", headers=members["ada"]).status_code == 202
     assert wait_for_state(client, long_job["job_id"], members["ada"], {"CANCELLED"})["state"] == "CANCELLED"
+
+
+def test_a_job_from_before_the_migration_is_still_followed_and_cancelled_as_the_accounts_user(
+    settings: Settings, slurm: SlurmClient, session_factory: sessionmaker, team: Team
+) -> None:
+    enrol(session_factory, team, identities=False)
+    before_app = create_app_for_tests(settings.replace(session_proxy_key=PROXY_KEY), slurm, session_factory).test_client()
+    token = bearer(settings, team.account, sub="m1")
+    old = before_app.post("/submit", headers=token, json=LONG_JOB).get_json()
+    assert slurm_job(old["slurm_job_id"])["UserId"].split("(")[0] == TENANT_PREFIX + team.account
+    add_identities(session_factory, team)
+    # A new worker (no cached standing): m1's next job runs as m1's own user...
+    client = create_app_for_tests(settings.replace(session_proxy_key=PROXY_KEY), slurm, session_factory).test_client()
+    new = client.post("/submit", headers=token, json=LONG_JOB).get_json()
+    assert slurm_job(new["slurm_job_id"])["UserId"].split("(")[0] == team.m1.user
+    try:
+        # ...while the old one is still followed, and cancelled as the account's user it runs as.
+        assert client.get(f"/jobs/{old['job_id']}", headers=token).get_json()["state"] in ("PENDING", "RUNNING")
+        assert client.delete(f"/jobs/{old['job_id']}", headers=token).status_code == 202
+        assert wait_for_state(client, old["job_id"], token, {"CANCELLED"})["state"] == "CANCELLED"
+        assert slurm_job(new["slurm_job_id"])["JobState"] in ("PENDING", "RUNNING")
+    finally:
+        slurm_cmd("scancel", f"--account={team.account}", check=False)
 
 
 def grp_limits(account: str, user: str) -> dict[str, str]:
