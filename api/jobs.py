@@ -407,7 +407,7 @@ def cancel_task(job_id: str, index: str) -> tuple[Response, int]:
         raise Conflict("the job is still being submitted; retry in a few seconds", code="job_submitting")
     log.info("task %s of job %s (Slurm %s) cancelled by %s", task.task_index, job.id, job.slurm_job_id, principal().sub)
     try:
-        app_state().slurm.cancel(job.slurm_job_id, job.account, task=task.task_index)
+        app_state().slurm.cancel(job.slurm_job_id, job.account, task=task.task_index, user=job.unix_user)
     except CommandFailed as exc:
         if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
             raise
@@ -426,7 +426,8 @@ def cancel_job(job_id: str) -> tuple[Response, int]:
         raise Conflict("the job is still being submitted; retry in a few seconds", code="job_submitting")
     log.info("job %s (Slurm %s) cancelled by %s", job.id, job.slurm_job_id, principal().sub)
     try:
-        app_state().slurm.cancel(job.slurm_job_id, job.account)
+        # As the user the job runs as (an admin cancelling a member's job too): Slurm lets no other.
+        app_state().slurm.cancel(job.slurm_job_id, job.account, user=job.unix_user)
     except CommandFailed as exc:
         if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
             raise
@@ -435,8 +436,10 @@ def cancel_job(job_id: str) -> tuple[Response, int]:
     return jsonify(job_view(job)), 202
 
 
-def _account_uid(job: Job) -> int | None:
-    """The tenant uid that must own the job's logs; None while the account has none recorded."""
+def owner_uid(job: Job) -> int | None:
+    """The uid that must own the job's logs: its member's own user's, else the account's (None: none recorded)."""
+    if job.unix_uid is not None:
+        return job.unix_uid
     account = db_session().get(Account, job.account)
     return getattr(account, "unix_uid", None)
 
@@ -485,10 +488,10 @@ def _log_response(job: Job, task: JobTask | None) -> Response:
     if task is not None:
         db_session().refresh(task)
         finished = task.finished
-    account_uid = _account_uid(job)
+    log_owner = owner_uid(job)
     headers = {"Gpupool-Job-State": job_view(job)["state"] if task is None else task.state}
     path = log_path(job.job_dir, stream, None if task is None else task.task_index)
-    handle = joblogs.open_log(path, owner_uid=account_uid)
+    handle = joblogs.open_log(path, owner_uid=log_owner)
     # No file yet: the job has not started writing, which reads as an empty log.
     content, next_offset, size = b"", offset, 0
     if handle is not None:

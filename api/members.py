@@ -1,6 +1,8 @@
 """``/account/members``: the people inside an account, their roles and their own limits (gpupool.members).
 
 Account admins manage them; an operator token may name any account with ``?account=``.
+A member with a Unix and Slurm user of their own gets their new limits in Slurm
+at once (``billing.member_limits``), after the change is committed.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from api.context import app_state, calendar_now, db_session, principal
 from api.schemas import MemberIn, MemberList, MemberOut, json_object, request_body
 from billing.budgets import member_spent_nanos
 from billing.calendar import period_of
+from billing.member_limits import push_member_limits
 from billing.money import format_nanos, parse_nanos
 from gpupool.audit import MEMBER_REMOVE, MEMBER_SET
 from gpupool.db import utcnow
-from gpupool.members import gpus_in_flight, list_members, remove_member, set_member
+from gpupool.errors import GpupoolError, RequestError, ServiceUnavailable
+from gpupool.members import gpus_in_flight, identity_of, list_members, remove_member, set_member
 from gpupool.models.members import AccountMember
 
 members_bp = Blueprint("members", __name__)
@@ -34,6 +38,7 @@ def member_view(row: AccountMember) -> MemberOut:
         monthly_limit=None if row.monthly_limit_nanos is None else format_nanos(row.monthly_limit_nanos),
         templates=row.templates,
         gpus_in_flight=gpus_in_flight(session, row.account, row.subject),
+        unix_user=None if (identity := identity_of(session, row.account, row.subject)) is None else identity.unix_user,
         spent_this_month=format_nanos(member_spent_nanos(session, row.account, row.subject, period_of(calendar_now()))),
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -71,6 +76,7 @@ def put_member(subject: str) -> Response:
     )
     audit(MEMBER_SET, account=account, target=subject, details=member_details(row))
     session.commit()
+    _limits_into_slurm(account, subject)
     return jsonify(member_view(row).model_dump(mode="json"))
 
 
@@ -81,5 +87,23 @@ def delete_member(subject: str) -> tuple[str, int]:
     remove_member(session, account, subject)
     audit(MEMBER_REMOVE, account=account, target=subject)
     session.commit()
+    _limits_into_slurm(account, subject)
     # Cached token standings carry the old membership until token_check_cache_s passes; keys see it at once.
     return "", 204
+
+
+def _limits_into_slurm(account: str, subject: str) -> None:
+    """The member's limits on their own Slurm user at once, when they have one: a direct sbatch must not outrun them."""
+    session = db_session()
+    if identity_of(session, account, subject) is None:
+        return  # their jobs run as the account's user, under the account's limits alone
+    try:
+        push_member_limits(session, app_state().slurm, calendar_now(), accounts=[account], subjects=[subject], raise_errors=True)
+    except RequestError:
+        raise
+    except GpupoolError as exc:
+        raise ServiceUnavailable(
+            f"the change is saved, but Slurm could not be given the member's new limits now ({exc.message}); "
+            "the next billing pass (within minutes) gives them, or send the same request again",
+            code="member_limits_pending",
+        ) from exc

@@ -384,6 +384,11 @@ class MemberOut(BaseModel):
     templates: list[str] | None
     gpus_in_flight: int = Field(description="GPUs of this member's jobs now queued or running")
     spent_this_month: str = Field(description="What this member's jobs were billed this UTC month")
+    unix_user: str | None = Field(
+        default=None,
+        description="The member's own Unix and Slurm user, which their jobs run as; null: the operator has not made it "
+        "yet (`gpupool member migrate`), and their jobs run as the account's user",
+    )
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -436,7 +441,7 @@ class AuditOut(BaseModel):
     address: str | None = Field(description="The client's address as the API saw it")
     action: str = Field(description="key.create, key.revoke, member.set, member.remove, alerts.set, webhook.create, "
                         "webhook.delete, job.cancel, task.cancel, signin, signout, or an operator's account.*, token.*, "
-                        "price.set, adjustment.add, idle_policy.*")
+                        "price.set, adjustment.add, idle_policy.*, member.user")
     target: str | None
     details: dict[str, Any] | None = Field(description="What was asked for: scope, role, limits, thresholds; never a secret")
 

@@ -163,7 +163,7 @@ def _replay(app: AppState, session: Session, job: Job, fingerprint: str) -> Job:
 
 def _finish_unknown_submission(app: AppState, session: Session, job: Job) -> None:
     """A retry of a submission whose sbatch timed out: find it by tag before trying again."""
-    found = app.slurm.find_by_tag(job.tag, job.account)
+    found = app.slurm.find_by_tag(job.tag, job.account, job.unix_user)
     if found is not None:
         job.slurm_job_id, job.state = found, "PENDING"
         session.commit()
@@ -278,7 +278,7 @@ def _forget(app: AppState, session: Session, job: Job) -> None:
 
 
 def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob, session_secret: str | None) -> None:
-    """Submit a job whose row is already committed, as the account's tenant; record the Slurm job id.
+    """Submit a job whose row is already committed, as the user it records (its owner's, or the account's); record the Slurm job id.
 
     ``session_secret`` is the session's, for a session template (None otherwise): the caller
     has it, so an ordinary submit asks the database nothing more between its commit and sbatch.
@@ -287,12 +287,12 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
         with stage("sbatch"):  # the run-as helper, and sbatch as the tenant
             slurm_job_id = app.slurm.submit(
                 job.account, job.id, rendered.script, rendered.options, session_secret=session_secret,
-                array_values=rendered.array_values,
+                array_values=rendered.array_values, user=job.unix_user,
             )
     except (CommandTimedOut, SubmissionUncertain) as exc:
         # sbatch may still have reached slurmctld: never guess, look for the tag.
         try:
-            found = app.slurm.find_by_tag(job.tag, job.account)
+            found = app.slurm.find_by_tag(job.tag, job.account, job.unix_user)
         except SlurmUnavailable:
             found = None
         if found is None:
@@ -512,10 +512,15 @@ def _new_job(
 ) -> Job:
     settings = app.settings
     job_id = str(uuid.uuid4())
+    # The member's own user when the operator has made one (read with the caller's
+    # membership, no query of its own); else the account's tenant user.
+    membership = caller.membership
     return Job(
         id=job_id,
         account=caller.account,
         owner=caller.sub,
+        unix_user=membership.unix_user if membership is not None else None,
+        unix_uid=membership.unix_uid if membership is not None else None,
         name=req.name or req.template,
         template=req.template,
         params=admitted.params,
@@ -573,7 +578,7 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
     job = _new_job(app, caller, req, admitted, None, "")
     rendered = render(_spec(app, job))
     try:
-        estimated = app.slurm.test_submit(job.account, job.id, rendered.script, rendered.options)
+        estimated = app.slurm.test_submit(job.account, job.id, rendered.script, rendered.options, user=job.unix_user)
     except SlurmRejected as exc:
         explained = _explained(app, session, exc, job)
         if explained is None:

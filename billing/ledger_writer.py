@@ -42,11 +42,12 @@ LEDGER_COLUMNS = (
     "correction",
     "final",
     "tier",
+    "member_user",
 )
 _COPY_BATCH = 1000  # rows per chunk: ~200 KB, far below _COPY_READ_SIZE
 _COPY_READ_SIZE = 64 * 1024 * 1024
 COPY_LEDGER_SQL = (
-    f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN WITH (FORMAT csv, FORCE_NULL (gpupool_job_id))"
+    f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN WITH (FORMAT csv, FORCE_NULL (gpupool_job_id, member_user))"
 )
 
 # The API job id of a run, or None for a job submitted around gpupool.
@@ -80,6 +81,7 @@ def ledger_values(
         row.correction,
         row.final,
         row.tier,
+        run.member_user,
     )
 
 

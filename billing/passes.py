@@ -35,7 +35,7 @@ from billing.sacct import PASS_FIELDS, JobRun, RunReader, Tenancy, detect_delimi
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
-from gpupool.models import Account, BillingPass, BillingState, Job, LedgerEntry
+from gpupool.models import Account, BillingPass, BillingState, Job, LedgerEntry, MemberIdentity
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import ParseError, unpredictable_delimiter
 
@@ -124,9 +124,12 @@ def _gpupool_job_ids(session: Session, span: tuple[int, int] | None, arrays: Abs
 
 
 def tenancy(session: Session, settings: Settings) -> Tenancy:
-    """The tenant user of each account this database knows, for judging whose rows are whose."""
+    """The tenant user of each account this database knows, and its members' own users, for judging whose rows are whose."""
     users = session.execute(select(Account.name, Account.unix_user).where(Account.unix_user.is_not(None))).all()
-    return Tenancy(settings.tenant_user_prefix, {name: user for name, user in users if user})
+    members = session.execute(select(MemberIdentity.unix_user, MemberIdentity.account)).all()
+    return Tenancy(
+        settings.tenant_user_prefix, {name: user for name, user in users if user}, {user: account for user, account in members}
+    )
 
 
 def bill_sacct_output(

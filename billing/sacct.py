@@ -23,8 +23,9 @@ written anything, a whole row billing another account included. So:
   previous job's name, and no reading of the text alone can tell. The
   history of this cluster is billed by ``gpupool billing run --since/--until``,
   which asks sacct itself;
-- under either, each row's User must be its Account's tenant user, and a
-  tenant user runs jobs under its own account only (``Tenancy.mismatch``). A
+- under either, each row's User must be its Account's tenant user or one of
+  its members' own users, and such a user runs jobs under its own account only
+  (``Tenancy.mismatch``). A
   replay refuses the file on the first row that breaks it; a billing pass,
   reading sacct itself, leaves that row unbilled and says so (``RunReader.refused``).
 """
@@ -110,6 +111,9 @@ class JobRun:
     end_text: str = field(default="", compare=False, repr=False)
     # The QOS Slurm ran this run under, lower case: its price tier (billing.price_book.PriceBook).
     qos: str = "normal"
+    # The member's own user that ran it (Tenancy.members), whose monthly spend it counts in even
+    # when the member submitted it around the API; None: the account's user, or no gpupool tenant.
+    member_user: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -133,10 +137,13 @@ class Tenancy:
     ``users`` maps each account that has a tenant user to that user; any user
     named ``<prefix><account>`` is taken for that account's tenant too, since
     the users table of another database may be the one that made it.
+    ``members`` maps each member's own user (``gpupool.models.MemberIdentity``)
+    to its account: that user's rows bill that account, and no other.
     """
 
     prefix: str
     users: Mapping[str, str] = field(default_factory=dict)
+    members: Mapping[str, str] = field(default_factory=dict)
     accounts: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -147,12 +154,20 @@ class Tenancy:
 
     def mismatch(self, account: str, user: str) -> str | None:
         """Why ``user`` cannot have run a job under ``account``; None when it can."""
+        member_of = self.members.get(user)
+        if member_of is not None:
+            if member_of != account:
+                return f"user {user!r} is a member's user of account {member_of!r}, and this row bills account {account!r}"
+            return None
         expected = self.users.get(account)
         if expected is not None and user != expected:
-            return f"account {account!r} runs jobs as {expected!r} alone, and this row names user {user!r}"
+            return f"account {account!r} runs jobs as {expected!r} and its members' own users alone, and this row names user {user!r}"
         own = self.accounts.get(user)
         if own is None and self.prefix and user.startswith(self.prefix):
-            own = user[len(self.prefix):]
+            # Only a name an account could have, which starts with a letter: a member's
+            # user (<prefix><uid>-..., gpupool.slurm.tenants.member_user_name) is none.
+            rest = user[len(self.prefix):]
+            own = rest if "a" <= rest[:1] <= "z" else None
         if own is not None and own != account:
             return f"user {user!r} is the tenant user of account {own!r}, and this row bills account {account!r}"
         return None
@@ -268,6 +283,7 @@ class RunReader:
         states: dict[str, str] = {}
         # Most rows repeat a (account, user) pair seen before: each pair is judged once.
         verdicts: dict[tuple[str, str], str | None] = {}
+        members = self.tenancy.members
         rows = numbered_rows(
             self.text, self.delimiter, width, has_header=self.fields is None, multiline_last=names_are_data
         )
@@ -337,6 +353,8 @@ class RunReader:
                     start_text=start_text,
                     end_text=end_text if end is not None else "",
                     qos=(row[i_qos].strip().lower() or "normal") if i_qos is not None else "normal",
+                    # Past the verdict, a member's user is its own account's.
+                    member_user=pair[1].strip() if members and pair[1].strip() in members else None,
                 )
             except ParseError as exc:
                 raise DumpRefused(line, str(exc)) from exc

@@ -10,7 +10,7 @@ here: the jobs table already records each one with its owner and time.
 Actions (``target`` in brackets):
 
 - ``key.create`` [key id], ``key.revoke`` [key id]
-- ``member.set`` [subject], ``member.remove`` [subject]
+- ``member.set`` [subject], ``member.remove`` [subject]; ``member.user`` [subject] (operators: the member's own Unix user)
 - ``alerts.set`` [account]
 - ``webhook.create`` [endpoint id], ``webhook.delete`` [endpoint id]
 - ``job.cancel`` [job id], ``task.cancel`` [job id/index]
@@ -39,6 +39,7 @@ from gpupool.models.audit import AuditEvent
 
 KEY_CREATE, KEY_REVOKE = "key.create", "key.revoke"
 MEMBER_SET, MEMBER_REMOVE = "member.set", "member.remove"
+MEMBER_USER = "member.user"
 ALERTS_SET = "alerts.set"
 WEBHOOK_CREATE, WEBHOOK_DELETE = "webhook.create", "webhook.delete"
 JOB_CANCEL, TASK_CANCEL = "job.cancel", "task.cancel"

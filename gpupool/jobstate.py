@@ -6,8 +6,9 @@ runs it, so the number of Slurm calls depends neither on how many clients poll
 nor on how many gunicorn workers serve them. Jobs that squeue no longer lists
 (past ``MinJobAge``) or that it shows as ended are read from ``sacct``, again in
 one call. Every row comes from a query of every tenant's jobs, so a row counts
-for a job only when it names that job and the job's own account and tenant user
-(``SlurmClient.owns``); ``SlurmClient.queue`` says why no comment can forge one.
+for a job only when it names that job, the job's own account and the user it
+was submitted as (``SlurmClient.owns``: the member's own, or the account's
+tenant user); ``SlurmClient.queue`` says why no comment can forge one.
 Jobs whose submission timed out are found by their tag. A job neither answers
 for in ``unknown_after_s`` is marked ``UNKNOWN`` and no longer tracked.
 
@@ -63,7 +64,7 @@ _READ_COLUMNS = (
     Job.id, Job.account, Job.slurm_job_id, Job.state, Job.reason, Job.submitted_at, Job.started_at, Job.ended_at,
     Job.node, Job.finished, Job.exit_code, Job.exit_signal, Job.elapsed_s, Job.last_seen_at, Job.updated_at,
     Job.submit_attempted_at, Job.created_at, Job.expected_start_at, Job.array_size, Job.preemptible, Job.run_count,
-    Job.task_states,
+    Job.task_states, Job.unix_user,
 )
 _TASK_COLUMNS = (
     JobTask.job_id, JobTask.task_index, JobTask.slurm_job_id, JobTask.state, JobTask.finished, JobTask.reason,
@@ -81,8 +82,8 @@ class SlurmAnswers:
 
     queue: Mapping[int, QueueEntry]
     accounting: Mapping[int, AccountingEntry]
-    # Queue entries by (account, tag), for jobs whose sbatch never returned an id.
-    by_tag: Mapping[tuple[str, str], QueueEntry]
+    # Queue entries by (account, user, tag), for jobs whose sbatch never returned an id.
+    by_tag: Mapping[tuple[str, str, str], QueueEntry]
     # An array job's tasks as they will be once written: job id -> task index -> (state, values).
     tasks: Mapping[str, Mapping[int, TaskView]] = dataclasses.field(default_factory=dict)
 
@@ -279,16 +280,17 @@ class JobStateRefresher:
             queue = asked.result()
         if not tracked:
             return
-        # Anyone can write any comment: a tag counts only under the account whose tenant submitted it,
-        # and a tenant copying its own tag onto a later job does not move the API's job there.
-        by_tag: dict[tuple[str, str], QueueEntry] = {}
+        # Anyone can write any comment: a tag counts only under the account and the user its job
+        # was submitted as (the lookup's key: ``_submission_entry``), and a tenant copying its own
+        # tag onto a later job does not move the API's job there.
+        by_tag: dict[tuple[str, str, str], QueueEntry] = {}
         for entry in sorted(queue.values(), key=lambda entry: entry.slurm_job_id, reverse=True):
-            if entry.comment.startswith(TAG_PREFIX) and self._slurm.owns(entry, entry.account):
-                by_tag[(entry.account, entry.comment)] = entry
+            if entry.comment.startswith(TAG_PREFIX):
+                by_tag[(entry.account, entry.user, entry.comment)] = entry
         for tasks in queue.tasks.values():
             for entry in tasks.values():
-                if entry.comment.startswith(TAG_PREFIX) and self._slurm.owns(entry, entry.account):
-                    by_tag.setdefault((entry.account, entry.comment), entry)
+                if entry.comment.startswith(TAG_PREFIX):
+                    by_tag.setdefault((entry.account, entry.user, entry.comment), entry)
         arrays = [job for job in tracked if job.array_size is not None and job.slurm_job_id is not None]
         tasks_of: dict[str, list[Row[Any]]] = {}
         if arrays:
@@ -360,12 +362,12 @@ class JobStateRefresher:
         if job.array_size is not None and job.slurm_job_id is not None:
             values = self._array_values(job, answers.tasks.get(job.id, {}), now)
         elif job.slurm_job_id is None:
-            values = self._submission_values(job, answers.by_tag.get((job.account, job_tag(job.id))), now)
+            values = self._submission_values(job, self._submission_entry(job, answers), now)
         else:
             entry = self._queue_entry(job, answers.queue)
             values = _queue_values(entry, job.submitted_at) if entry is not None else {}
             record = answers.accounting.get(job.slurm_job_id)
-            if record is not None and not self._slurm.owns(record, job.account):
+            if record is not None and not self._slurm.owns(record, job.account, job.unix_user):
                 record = None
             # A spot job's PREEMPTED run is requeued (PreemptMode=REQUEUE): the job goes on.
             requeued = job.preemptible and record is not None and record.state == PREEMPTED
@@ -392,7 +394,7 @@ class JobStateRefresher:
         """squeue's row for task ``index`` of ``job``, believed as a single job's is (``_queue_entry``)."""
         assert job.slurm_job_id is not None
         entry = queue.tasks.get(job.slurm_job_id, {}).get(index)
-        if entry is None or not self._slurm.owns(entry, job.account) or entry.comment not in ("", job_tag(job.id)):
+        if entry is None or not self._slurm.owns(entry, job.account, job.unix_user) or entry.comment not in ("", job_tag(job.id)):
             return None
         return entry
 
@@ -425,7 +427,7 @@ class JobStateRefresher:
                         "node": entry.node if entry.state != "PENDING" else None,
                     }
                 record = accounted.get(task.task_index)
-                if record is not None and not self._slurm.owns(record, job.account):
+                if record is not None and not self._slurm.owns(record, job.account, job.unix_user):
                     record = None
                 if record is not None and (entry is None or entry.state in TERMINAL_STATES):
                     answered = True
@@ -437,7 +439,7 @@ class JobStateRefresher:
                     if record.state != "PENDING":
                         values["slurm_job_id"] = record.slurm_job_id
                 elif entry is None and record is None and any(
-                    self._slurm.owns(other, job.account) for other in accounted.values()
+                    self._slurm.owns(other, job.account, job.unix_user) for other in accounted.values()
                 ):
                     # Neither squeue's snapshot nor sacct (which answered for this array) has the
                     # task, as its own row or in a pending record: Slurm removed it before it ran.
@@ -498,11 +500,16 @@ class JobStateRefresher:
                 setattr(task, column, value)
 
     def _queue_entry(self, job: TrackedJob, queue: Mapping[int, QueueEntry]) -> QueueEntry | None:
-        """squeue's row for ``job``, believed only from its own account's tenant user, with its tag or none."""
+        """squeue's row for ``job``, believed only from its own account and user, with its tag or none."""
         entry = queue.get(job.slurm_job_id) if job.slurm_job_id is not None else None
-        if entry is None or not self._slurm.owns(entry, job.account) or entry.comment not in ("", job_tag(job.id)):
+        if entry is None or not self._slurm.owns(entry, job.account, job.unix_user) or entry.comment not in ("", job_tag(job.id)):
             return None
         return entry
+
+    def _submission_entry(self, job: TrackedJob, answers: SlurmAnswers) -> QueueEntry | None:
+        """The queued job carrying ``job``'s tag, submitted under its account by the user it was submitted as."""
+        user = job.unix_user or self._slurm.settings.tenant_user_prefix + job.account
+        return answers.by_tag.get((job.account, user, job_tag(job.id)))
 
     def _seen_values(self, job: TrackedJob, answered: bool, now: dt.datetime) -> dict[str, Any]:
         """Note that Slurm answered for ``job``, or give it up once it has not for ``unknown_after``."""

@@ -16,10 +16,15 @@ an account admin adds through the API enrolls that admin too, so nobody locks
 the account out of its own settings.
 
 A member's limits (GPUs at once, spend per UTC month, templates) sit inside the
-account's: the API refuses with 402 or 403 (``gpupool.members.check_member_submit``).
-Every member of an account runs as the account's one Unix user, so Slurm sees
-one user and enforces the account's own limits (its association's GrpTRES and
-budget), not a member's.
+account's: the API refuses with 402 or 403 for a clear answer. A member who
+runs jobs (admin or member) gets a Unix and Slurm user of their own
+(``MemberIdentity``, made by ``gpupool member migrate``): their jobs run as it,
+so the kernel keeps their files and the Slurm user keeps their jobs from the
+account's other members, and their GPU and monthly limits are Slurm limits on
+that user's association (``billing.member_limits``). Their templates stay the
+API's alone: a member's own sbatch runs any script. Until the operator has
+made their user, a member's jobs run as the account's own user, as every
+member's did before.
 """
 
 from __future__ import annotations
@@ -28,18 +33,20 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from gpupool.errors import Conflict, Forbidden, NotFound, PaymentRequired, ValidationFailed
 from gpupool.models.jobs import Job
-from gpupool.models.members import MEMBER_ROLES, AccountMember
+from gpupool.models.members import MEMBER_ROLES, AccountMember, MemberIdentity
 
 ADMIN, MEMBER, VIEWER = MEMBER_ROLES
 ALL_ROLES = frozenset(MEMBER_ROLES)
 WRITERS = frozenset({ADMIN, MEMBER})
 ADMINS = frozenset({ADMIN})
 READERS_OF_ACCOUNT = frozenset({ADMIN, VIEWER})
+# Who submits jobs, and so gets a Unix and Slurm user of their own.
+RUNS_JOBS = WRITERS
 
 # Which roles may call each endpoint of the API that a customer's token reaches;
 # tests/api/test_members.py checks that every such endpoint of the app is listed.
@@ -92,6 +99,9 @@ class Membership:
     monthly_limit_nanos: int | None = None
     templates: tuple[str, ...] | None = None
     listed: bool = True  # False: the account has no members, and every token acts as its admin
+    # The member's own Unix and Slurm user and its uid (MemberIdentity); None: jobs run as the account's user.
+    unix_user: str | None = None
+    unix_uid: int | None = None
 
     @property
     def sees_whole_account(self) -> bool:
@@ -105,27 +115,34 @@ class Membership:
 ACCOUNT_WITHOUT_MEMBERS = Membership(role=ADMIN, listed=False)
 
 
-def _membership(row: AccountMember) -> Membership:
+def _membership(row: AccountMember, unix_user: str | None = None, unix_uid: int | None = None) -> Membership:
     return Membership(
         role=row.role, gpu_limit=row.gpu_limit, monthly_limit_nanos=row.monthly_limit_nanos,
         templates=tuple(row.templates) if row.templates is not None else None,
+        unix_user=unix_user, unix_uid=unix_uid,
     )
 
 
 def membership_of(session: Session, account: str, subject: str) -> Membership | None:
     """The subject's membership; ACCOUNT_WITHOUT_MEMBERS when the account lists none; None: not a member.
 
-    One query on the primary key's prefix: the subject's own row sorts first when there is one.
+    One query on the primary key's prefix: the subject's own row sorts first when there is one,
+    with the member's own Unix user, if they have one, from the same statement.
     """
-    row = session.scalars(
-        select(AccountMember)
+    row = session.execute(
+        select(AccountMember, MemberIdentity.unix_user, MemberIdentity.unix_uid)
+        .outerjoin(
+            MemberIdentity,
+            and_(MemberIdentity.account == AccountMember.account, MemberIdentity.subject == AccountMember.subject),
+        )
         .where(AccountMember.account == account)
         .order_by((AccountMember.subject == subject).desc())
         .limit(1)
     ).first()
     if row is None:
         return ACCOUNT_WITHOUT_MEMBERS
-    return _membership(row) if row.subject == subject else None
+    member, unix_user, unix_uid = row
+    return _membership(member, unix_user, unix_uid) if member.subject == subject else None
 
 
 def require_member(membership: Membership | None, account: str) -> Membership:
@@ -249,3 +266,15 @@ def list_members(session: Session, account: str) -> list[AccountMember]:
     return list(session.scalars(
         select(AccountMember).where(AccountMember.account == account).order_by(AccountMember.subject)
     ))
+
+
+def identities(session: Session, accounts: list[str] | None = None) -> list[MemberIdentity]:
+    """Members' own users (all accounts', or only ``accounts``'), by account and subject."""
+    query = select(MemberIdentity).order_by(MemberIdentity.account, MemberIdentity.subject)
+    if accounts is not None:
+        query = query.where(MemberIdentity.account.in_(accounts))
+    return list(session.scalars(query))
+
+
+def identity_of(session: Session, account: str, subject: str) -> MemberIdentity | None:
+    return session.get(MemberIdentity, (account, subject))

@@ -147,6 +147,9 @@ def shim_status(host: str, port: int, secret: str, timeout_s: float) -> ShimStat
 
 
 def _owner_uid(db: Session, job: Job) -> int | None:
+    """The uid the job runs as: its member's own user's, else the account's."""
+    if job.unix_uid is not None:
+        return job.unix_uid
     account = db.get(Account, job.account)
     return None if account is None else account.unix_uid
 
@@ -339,7 +342,7 @@ def sweep_idle(db: Session, settings: Settings, slurm: SlurmClient, now: dt.date
         assert job.slurm_job_id is not None
         log.info("session of job %s (Slurm %s) idle since %s: cancelling it", job.id, job.slurm_job_id, utc_text(since))
         try:
-            slurm.cancel(job.slurm_job_id, job.account)
+            slurm.cancel(job.slurm_job_id, job.account, user=job.unix_user)
         except CommandFailed as exc:
             if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
                 log.warning("session of job %s: scancel failed: %s", job.id, exc.message)

@@ -15,6 +15,7 @@ from billing.budgets import balance
 from billing.calendar import check_period, period_of
 from billing.enforcement import cancel_exhausted, push_budgets
 from billing.invoice import invoice_filename, write_invoice
+from billing.member_limits import push_member_limits
 from billing.money import MoneyError, format_nanos, parse_nanos
 from billing.price_book import ANY_GPU_TYPE, NORMAL_TIER, SPOT_TIER
 from billing.prices import price_table, set_price
@@ -107,7 +108,7 @@ def cmd_billing_run(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    status = _push_budgets(sessions, slurm)
+    status = max(_push_budgets(sessions, slurm), _push_member_limits(sessions, slurm))
     if settings.billing_cancel_exhausted:
         for account in cancel_exhausted(sessions, slurm):
             print(f"account {account} has no budget left: its jobs were cancelled")
@@ -124,6 +125,21 @@ def _push_budgets(sessions: sessionmaker, slurm: SlurmClient, accounts: list[str
     for account, minutes in changed.items():
         shown = "no limit" if minutes is None else f"{minutes} GPU-minutes"
         print(f"account {account}: Slurm budget set to {shown}")
+    return 0
+
+
+def _push_member_limits(sessions: sessionmaker, slurm: SlurmClient) -> int:
+    """Each member user's GPU limit and what is left of their monthly limit as Slurm limits; 1 if Slurm was out of reach."""
+    try:
+        with sessions() as session:
+            changed = push_member_limits(session, slurm, dt.datetime.now(dt.UTC))
+    except GpupoolError as exc:
+        print(f"gpupool: error: could not bring the members' Slurm limits up to date: {exc.message}", file=sys.stderr)
+        return 1
+    for (account, user), limits in changed.items():
+        gpus = "no GPU limit" if limits.gpus is None else f"{limits.gpus} GPU(s)"
+        minutes = "no budget" if limits.gpu_minutes is None else f"{limits.gpu_minutes} GPU-minutes"
+        print(f"account {account}: member user {user} limited to {gpus}, {minutes}")
     return 0
 
 

@@ -22,6 +22,7 @@ from gpupool.config import MAX_SUBMIT_JOBS, Settings, load_settings
 from gpupool.containers import docker_runtime_refusal
 from gpupool.db.roles import API, BILLING, EMAIL, WEBHOOKS, ServiceRoles, apply_grants
 from gpupool.errors import ConfigError, GpupoolError
+from gpupool.members import identities
 from gpupool.models import ACCOUNT_NAME, Account
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.runas import exec_lean_helper
@@ -29,7 +30,7 @@ from gpupool.slurm.tenants import ensure_tenant_folder, ensure_tenant_user
 from gpupool_cli.audit_cmds import add_audit_parsers
 from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool_cli.idle_cmds import add_idle_parsers
-from gpupool_cli.member_cmds import add_member_parsers
+from gpupool_cli.member_cmds import add_member_parsers, migrate_members, print_migrated
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
 from gpupool_cli.token_cmds import add_token_parsers
@@ -123,7 +124,9 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
             "(ansible-playbook site.yml --tags tenants)",
             file=sys.stderr,
         )
-    return 0
+    # Run again for an account with members, it is also `gpupool member migrate <account>`.
+    done, skipped = migrate_members(settings, session_factory, [args.name])
+    return print_migrated(done, skipped)
 
 
 def _slurm_limits(gpu_limit: int | None, job_limit: int) -> str:
@@ -157,8 +160,15 @@ def cmd_account_list(settings: Settings, args: argparse.Namespace) -> int:
     with db.migrated_sessions(settings.database_url)() as session:
         accounts = list(session.scalars(select(Account).order_by(Account.name)))
         if args.json:
-            # What the playbook's tenants step reads to create the same users on every node.
-            rows = [{"account": a.name, "unix_user": a.unix_user, "unix_uid": a.unix_uid} for a in accounts]
+            # What the playbook's tenants step reads to create the same users on every node: each
+            # account's own, and its members' (primary group: the account's user's own group).
+            members: dict[str, list[dict[str, object]]] = {}
+            for identity in identities(session):
+                members.setdefault(identity.account, []).append({"unix_user": identity.unix_user, "unix_uid": identity.unix_uid})
+            rows = [
+                {"account": a.name, "unix_user": a.unix_user, "unix_uid": a.unix_uid, "members": members.get(a.name, [])}
+                for a in accounts
+            ]
             print(json.dumps(rows))
             return 0
         for account in accounts:

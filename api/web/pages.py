@@ -217,9 +217,9 @@ def jobs() -> str:
 
 def _read_log_tail(job: Job, stream: str) -> tuple[str, int, str | None]:
     """The log's last bytes from a line start, the offset after them, and why none could be read."""
-    account = db_session().get(Account, job.account)
     try:
-        handle = joblogs.open_log(log_path(job.job_dir, stream), owner_uid=getattr(account, "unix_uid", None))
+        # The uid the job ran as: its member's own, or the account's (the API's own rule).
+        handle = joblogs.open_log(log_path(job.job_dir, stream), owner_uid=jobs_api.owner_uid(job))
     except LogUnavailable as exc:
         return "", 0, exc.message
     if handle is None:

@@ -60,8 +60,9 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # (SECURITY DEFINER, as the owner), whichever role inserts the ledger row or adjustment.
     "account_spend": {API: READ, BILLING: READ},
     # Spend per member (the ledger rows of the jobs each submitted), for members' monthly limits:
-    # only the trigger of migration 0025 writes it. Billing never reads it.
-    "member_spend": {API: READ, BILLING: NONE},
+    # only the trigger of migration 0025 writes it. Billing reads it to push each member's
+    # Slurm budget (what is left of their monthly limit) after its pass.
+    "member_spend": {API: READ, BILLING: READ},
     # A pass inserts its record first and fills in the totals before it commits.
     "billing_passes": {API: NONE, BILLING: READ_WRITE},
     # Updating the single row is billing's lock.
@@ -71,7 +72,11 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # Customers create, use (last_used_at) and revoke their own keys through the API.
     "api_keys": {API: READ_WRITE, BILLING: NONE},
     # Account admins manage their members through the API; the API reads a caller's role and limits.
-    "account_members": {API: READ_WRITE, BILLING: NONE},
+    # Billing reads members' limits to push them into Slurm after its pass.
+    "account_members": {API: READ_WRITE, BILLING: READ},
+    # Members' own Unix and Slurm users: made by `gpupool member migrate` (the owner, as root).
+    # The API submits as them; billing accepts their sacct rows for their account alone.
+    "member_identities": {API: READ, BILLING: READ},
     # The web pages' sign-ins: made at sign-in, deleted at sign-out (and once expired).
     "web_sessions": {API: ("SELECT", "INSERT", "DELETE"), BILLING: NONE},
     # Customers register endpoints through the API (a forgotten job's callback goes

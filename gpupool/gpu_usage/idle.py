@@ -31,8 +31,8 @@ pass whose UPDATE changed the row sends job.idle or cancels: once, on any
 database.
 
 ``scontrol``'s answer holds every tenant's free text, so a running record is
-believed for a gpupool job only when its account is the job's, its user that
-account's tenant user, and it names as many GPUs as the job holds
+believed for a gpupool job only when its account is the job's, its user the one
+the job was submitted as (its member's own, or that account's tenant user), and it names as many GPUs as the job holds
 (``record_doubt``; ``gpupool.slurm.detail`` already drops a job id printed
 twice). A record that fails is logged, and the job is neither sampled nor
 judged in that pass.
@@ -273,7 +273,8 @@ def _believed(jobs: Sequence[Job], running: Mapping[int, RunningJob], settings: 
     kept = []
     for job in jobs:
         assert job.slurm_job_id is not None
-        doubt = record_doubt(running[job.slurm_job_id], job, tenant_user_name(settings, job.account))
+        # The user the job was submitted as: its member's own, or the account's.
+        doubt = record_doubt(running[job.slurm_job_id], job, job.unix_user or tenant_user_name(settings, job.account))
         if doubt is None:
             kept.append(job)
         else:
@@ -389,7 +390,7 @@ def _end_session(session: Session, job: Job, now: dt.datetime) -> None:
 def _cancel(slurm: SlurmClient, job: Job) -> bool:
     assert job.slurm_job_id is not None
     try:
-        slurm.cancel(job.slurm_job_id, job.account)
+        slurm.cancel(job.slurm_job_id, job.account, user=job.unix_user)
     except CommandFailed as exc:
         if "Invalid job id" not in exc.stderr and "already completing or completed" not in exc.stderr:
             log.warning("idle job %s: scancel failed: %s", job.id, exc.message)

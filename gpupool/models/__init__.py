@@ -8,7 +8,7 @@ from gpupool.models.audit import AuditEvent
 from gpupool.models.billing import AccountSpend, Adjustment, BillingPass, BillingState, LedgerEntry, MemberSpend, Price
 from gpupool.models.gpu_usage import GpuSample, IdleGpuHour, IdlePolicy
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
-from gpupool.models.members import MEMBER_ROLES, AccountMember
+from gpupool.models.members import MEMBER_ROLES, AccountMember, MemberIdentity
 from gpupool.models.report import NodeCost
 from gpupool.models.sessions import JobSession, SessionGrant
 from gpupool.models.tokens import IssuedToken
@@ -39,6 +39,7 @@ __all__ = [
     "JobTask",
     "JobSession",
     "LedgerEntry",
+    "MemberIdentity",
     "MemberSpend",
     "NodeCost",
     "Price",

@@ -108,6 +108,9 @@ class LedgerEntry(Base):
     correction: Mapped[bool] = mapped_column(default=False)
     # Written from Slurm's finished record: the run takes no rows after this one.
     final: Mapped[bool] = mapped_column(default=False)
+    # The member's own Unix user that ran the job (gpupool.models.MemberIdentity); None: the
+    # account's user. Counts a member's direct sbatch in their monthly spend (migration 0027).
+    member_user: Mapped[str | None] = mapped_column(String(32))
     # The price tier of unit_price_nanos: the QOS Slurm ran the run under (billing.meter).
     tier: Mapped[str] = mapped_column(String(32), default="normal", server_default="normal")
 
@@ -152,8 +155,9 @@ class MemberSpend(Base):
 
     Kept by the database like ``AccountSpend`` (migration 0025): a trigger on INSERT
     into ``ledger_entries`` adds each row that names an API job (``gpupool_job_id``) to
-    that job's owner in the row's account and period. Adjustments are the account's,
-    never a member's. A member's monthly limit reads one row here instead of
+    that job's owner in the row's account and period, and (migration 0027) each row of
+    a job a member's own user ran around the API (``member_user``) to that member.
+    Adjustments are the account's, never a member's. A member's monthly limit reads one row here instead of
     summing the month's ledger rows of their jobs.
     """
 

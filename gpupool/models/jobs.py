@@ -46,6 +46,10 @@ class Job(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     account: Mapped[str] = mapped_column(ForeignKey("accounts.name"))
     owner: Mapped[str] = mapped_column(String(255))
+    # The Unix and Slurm user the job was submitted as: its owner's own (gpupool.models.members.MemberIdentity),
+    # or None: the account's tenant user (every job from before members had users of their own).
+    unix_user: Mapped[str | None] = mapped_column(String(32))
+    unix_uid: Mapped[int | None] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(String(128))
     template: Mapped[str] = mapped_column(String(64))
     params: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import JSON, BigInteger, CheckConstraint, ForeignKey, Integer, String
+from sqlalchemy import JSON, BigInteger, CheckConstraint, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpupool.db import Base, UTCDateTime
@@ -31,3 +31,26 @@ class AccountMember(Base):
     templates: Mapped[list[str] | None] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+
+class MemberIdentity(Base):
+    """A member's own Unix user and Slurm user, under the account's association (gpupool.slurm.tenants).
+
+    Made by ``gpupool member migrate`` (root) for each member who runs jobs, with
+    a uid from the tenant range recorded here so that every host (the playbook's
+    tenants step) makes the same user. Kept when the member is taken out of the
+    account or made a viewer: their jobs are still followed and billed under
+    that user, whose Slurm limits are then 0.
+    """
+
+    __tablename__ = "member_identities"
+    __table_args__ = (
+        Index("uq_member_identities_unix_user", "unix_user", unique=True),
+        Index("uq_member_identities_unix_uid", "unix_uid", unique=True),
+    )
+
+    account: Mapped[str] = mapped_column(ForeignKey("accounts.name"), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(255), primary_key=True)
+    unix_user: Mapped[str] = mapped_column(String(32))
+    unix_uid: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)

@@ -434,15 +434,16 @@ class SlurmClient:
         *,
         session_secret: str | None = None,
         array_values: Sequence[str] | None = None,
+        user: str | None = None,
     ) -> int:
-        """Submit a rendered script as the account's tenant; options on the command line override its directives."""
+        """Submit a rendered script as the account's tenant (or its member user ``user``); options on the command line override its directives."""
         timeout_s = self.settings.slurm_submit_timeout_s
         try:
             result = self._as_tenant(
                 "sbatch",
                 lambda: self.tenants.submit(
                     account, job_id, script, options, timeout_s=timeout_s, session_secret=session_secret,
-                    **({"array_values": array_values} if array_values is not None else {}),
+                    array_values=array_values, user=user,
                 ),
             )
         except CommandFailed as exc:
@@ -463,7 +464,9 @@ class SlurmClient:
             raise SlurmUnavailable(f"sbatch printed no job id: {result.stdout!r}")
         return slurm_job_id
 
-    def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str]) -> dt.datetime | None:
+    def test_submit(
+        self, account: str, job_id: str, script: str, options: Sequence[str], user: str | None = None
+    ) -> dt.datetime | None:
         """Slurm's estimate of when this job would start (``sbatch --test-only`` as the tenant); nothing is submitted.
 
         Slurm's refusal is the one a real sbatch of the same job would get, so it is
@@ -473,7 +476,8 @@ class SlurmClient:
         try:
             # Apart in the metrics: a quote Slurm refuses is no failed submission.
             result = self._as_tenant(
-                "sbatch --test-only", lambda: self.tenants.test_submit(account, job_id, script, options, timeout_s=timeout_s)
+                "sbatch --test-only",
+                lambda: self.tenants.test_submit(account, job_id, script, options, timeout_s=timeout_s, user=user),
             )
         except CommandFailed as exc:
             if exc.returncode < 0 or any(
@@ -514,17 +518,22 @@ class SlurmClient:
         _log_refused(rows.refused)
         return rows
 
-    def find_by_tag(self, tag: str, account: str) -> int | None:
-        """The job carrying ``tag``, if the account's own tenant submitted it: anyone can write a comment."""
+    def find_by_tag(self, tag: str, account: str, user: str | None = None) -> int | None:
+        """The job carrying ``tag``, if the user the job was submitted as submitted it: anyone can write a comment."""
         queue = self.queue()
         rows = [*queue.values(), *(task for tasks in queue.tasks.values() for task in tasks.values())]
-        owned = [entry.slurm_job_id for entry in rows if self.owns(entry, account) and entry.comment == tag]
+        owned = [entry.slurm_job_id for entry in rows if self.owns(entry, account, user) and entry.comment == tag]
         # A tenant may copy its own job's tag onto another job: the first it submitted is the API's.
         return min(owned, default=None)
 
-    def owns(self, entry: QueueEntry | AccountingEntry, account: str) -> bool:
-        """Whether ``entry`` was submitted by ``account``'s tenant user, under that account."""
-        return entry.account == account and entry.user == self.settings.tenant_user_prefix + account
+    def owns(self, entry: QueueEntry | AccountingEntry, account: str, user: str | None = None) -> bool:
+        """Whether ``entry`` was submitted under ``account`` by ``user``: a member's own, or (None) the account's tenant user.
+
+        The job row records which (``jobs.unix_user``), so a row is believed only
+        from the one Slurm user its job was submitted as: another member of the
+        same account cannot forge rows for it either.
+        """
+        return entry.account == account and entry.user == (user or self.settings.tenant_user_prefix + account)
 
     def accounting(self, job_ids: Iterable[int]) -> JobRows[AccountingEntry]:
         """Final records of jobs squeue has forgotten, in one sacct call."""
@@ -549,13 +558,14 @@ class SlurmClient:
         _log_refused(rows.refused)
         return rows
 
-    def cancel(self, slurm_job_id: int, account: str, task: int | None = None) -> None:
-        """scancel as the account's tenant, who can cancel its own jobs and nobody else's (an array's: all its tasks).
+    def cancel(self, slurm_job_id: int, account: str, task: int | None = None, user: str | None = None) -> None:
+        """scancel as the job's own user, who can cancel its own jobs and nobody else's (an array's: all its tasks).
 
-        With ``task``, only that task of the array ``slurm_job_id``.
+        ``user``: the member user the job was submitted as (None: the account's
+        tenant user). With ``task``, only that task of the array ``slurm_job_id``.
         """
         target: int | str = slurm_job_id if task is None else f"{slurm_job_id}_{task}"
-        self._as_tenant("scancel", lambda: self.tenants.cancel(account, [target]))
+        self._as_tenant("scancel", lambda: self.tenants.cancel(account, [target], user=user))
 
     def ping(self) -> bool:
         """True when slurmctld answers; SlurmUnavailable saying why when it does not."""
@@ -650,7 +660,7 @@ class SlurmClient:
         return result
 
     def cancel_account_jobs(self, account: str) -> None:
-        """Cancel every pending and running job the account's tenant submitted, as that tenant."""
+        """Cancel every pending and running job of the account, each as the user (the account's, a member's) that submitted it."""
         self._as_tenant("scancel", lambda: self.tenants.cancel(account))
 
     def _sacctmgr_rows(self, args: Sequence[str]) -> list[str]:
@@ -676,6 +686,61 @@ class SlurmClient:
     def set_budget(self, account: str, gpu_minutes: int | None) -> None:
         """Set the account's Slurm budget (None: none), through root: the service is no Slurm operator."""
         self._as_tenant("sacctmgr", lambda: self.tenants.set_budget(account, gpu_minutes))
+
+    # -- members' own users -------------------------------------------------------
+
+    def member_limits(self) -> dict[tuple[str, str], set[tuple[int | None, int | None]]]:
+        """Each user association's (GPUs at once, GPU-minutes) limits, by (account, user); one value per cluster."""
+        result = self._command(
+            "sacctmgr", ["--parsable2", "show", "association", "format=Cluster,Account,User,GrpTRES,GrpTRESMins"]
+        )
+        found: dict[tuple[str, str], set[tuple[int | None, int | None]]] = {}
+        try:
+            rows = parse_delimited(result.stdout, required=("Account", "User", "GrpTRES", "GrpTRESMins"))
+        except ParseError as exc:
+            raise SlurmUnavailable(f"unexpected sacctmgr output: {exc}") from exc
+        for row in rows:
+            user = row["User"].strip()
+            if not user:
+                continue  # the account's own association: billing.enforcement's
+            limits = [parse_int(_tres_value(row[column], BUDGET_TRES) or "") for column in ("GrpTRES", "GrpTRESMins")]
+            found.setdefault((row["Account"].strip().lower(), user), set()).add((limits[0], limits[1]))
+        return found
+
+    def set_member_limits(self, account: str, user: str, gpu_limit: int | None, gpu_minutes: int | None) -> None:
+        """A member user's GPUs at once and GPU-minutes on its own association (None: none), through root."""
+        self._as_tenant("sacctmgr", lambda: self.tenants.set_member_limits(account, user, gpu_limit, gpu_minutes))
+
+    def ensure_member_user(self, account: str, user: str) -> None:
+        """The member user's association under ``account`` (root: the operator's command); idempotent.
+
+        No coordinator rights: the member cancels and changes only their own jobs.
+        Its QOS are the account user's (normal and, where the cluster has it, spot).
+        Its limits are set by ``set_member_limits``.
+        """
+        self._add_user_where_missing(account, user)
+        if self._sacctmgr_rows(["show", "qos", SPOT_QOS, "format=name"]):
+            self._sacctmgr_modify(
+                ["user", "where", f"name={user}", f"account={account}", "set", f"qos=normal,{SPOT_QOS}", "defaultqos=normal"]
+            )
+
+    def _add_user_where_missing(self, account: str, user: str) -> bool:
+        """``user``'s association under ``account`` on each cluster the account is on; whether one was added.
+
+        One slurmdbd may serve several clusters (the multinode test cluster shares the local
+        one's), and a plain ``sacctmgr add user`` fails outright where the account is missing.
+        """
+        held: dict[str, set[str]] = {}
+        for row in self._sacctmgr_rows(["show", "association", "where", f"account={account}", "format=cluster,user"]):
+            cluster, _, name = row.partition("|")
+            held.setdefault(cluster, set()).add(name)
+        missing = sorted(cluster for cluster, names in held.items() if user not in names)
+        if missing:
+            self._command(
+                "sacctmgr",
+                ["--immediate", "add", "user", user, f"account={account}", f"defaultaccount={account}", f"cluster={','.join(missing)}"],
+            )
+        return bool(missing)
 
     def _sacctmgr_modify(self, args: Sequence[str]) -> None:
         result = self._command("sacctmgr", ["--immediate", "modify", *args], check=False)
@@ -710,9 +775,7 @@ class SlurmClient:
                 "sacctmgr", ["--immediate", "add", "account", name, f"description=gpupool customer {name}", "organization=gpupool"]
             )
             changed = True
-        if not self._sacctmgr_rows(["show", "association", "where", f"account={name}", f"user={user}", "format=user"]):
-            self._command("sacctmgr", ["--immediate", "add", "user", user, f"account={name}", f"defaultaccount={name}"])
-            changed = True
+        changed |= self._add_user_where_missing(name, user)
         service = self.settings.service_user
         if service not in ("root", user) and self._sacctmgr_rows(
             ["show", "association", "where", f"account={name}", f"user={service}", "format=user"]

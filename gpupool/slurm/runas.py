@@ -16,9 +16,15 @@ password is ever in it.
 
     submit   write the job's script and its empty logs (each array task's; a session's port file and secret; a sweep's values, one file per task) into its new folder, run sbatch as the tenant on the script's bytes
     test     the same checks, then ``sbatch --test-only`` as the tenant: no folder, no file, no job; Slurm's start estimate
-    cancel   scancel the given jobs or array tasks (or all of the account's) as the tenant
+    cancel   scancel the given jobs or array tasks (or all of the account's, as each of its users) as the tenant
     discard  remove a job folder whose sbatch Slurm refused
     budget   set the account's Slurm budget (GrpTRESMins=gres/gpu), the billing pass's one write
+    member_limits  set a member user's GPUs at once and budget (GrpTRES, GrpTRESMins) on its own association
+
+``submit``, ``test`` and ``cancel`` act as the account's own user, or, given
+``user``, as that member user of the account: the helper checks for itself
+that the user is one (``gpupool.slurm.tenants.lookup_member``: uid range,
+tenants group, the account's group as its primary group), whatever the caller says.
 
 ``TenantActions`` does the work and is what the helper runs; an operator's
 shell that is root uses it directly. ``RunasClient`` is the same interface
@@ -62,7 +68,7 @@ from gpupool.errors import (
 )
 from gpupool.proc import CommandResult, minimal_env, run_command
 from gpupool.render import ARRAY_VALUES_DIR, SESSION_PORT_FILE, SESSION_SECRET_FILE, job_tag, log_path, log_pattern
-from gpupool.slurm.tenants import Tenant, ensure_tenant_folder, lookup_tenant, service_gid
+from gpupool.slurm.tenants import Tenant, account_users, ensure_tenant_folder, lookup_member, lookup_tenant, service_gid
 
 log = logging.getLogger("gpupool.slurm.runas")
 
@@ -132,15 +138,20 @@ class TenantActions(Protocol):
         timeout_s: float,
         session_secret: str | None = None,
         array_values: Sequence[str] | None = None,
+        user: str | None = None,
     ) -> CommandResult: ...
 
-    def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult: ...
+    def test_submit(
+        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, user: str | None = None
+    ) -> CommandResult: ...
 
-    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None) -> CommandResult: ...
+    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None, user: str | None = None) -> CommandResult: ...
 
     def discard(self, account: str, job_id: str) -> None: ...
 
     def set_budget(self, account: str, gpu_minutes: int | None) -> CommandResult: ...
+
+    def set_member_limits(self, account: str, user: str, gpu_limit: int | None, gpu_minutes: int | None) -> CommandResult: ...
 
 
 # The TRES an account's Slurm budget counts: GPU-minutes of any type (billing.enforcement).
@@ -402,13 +413,18 @@ class DirectTenantActions:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
-    def _tenant(self, account: str) -> Tenant:
+    def _tenant(self, account: str, user: str | None = None) -> Tenant:
+        """The account's own user, or its member user ``user``, as this host's users say, never the caller."""
         if os.geteuid() != 0:
             raise ConfigError(
                 "acting as a tenant needs root: set runas_socket to the gpupool runas helper's socket, "
                 "or run this command as root"
             )
-        return lookup_tenant(self.settings, _check_account(account))
+        if user is None:
+            return lookup_tenant(self.settings, _check_account(account))
+        if not isinstance(user, str):
+            raise TenantError("a member user is a user name")
+        return lookup_member(self.settings, _check_account(account), user)
 
     def _env(self, tenant: Tenant, job_dir: Path) -> dict[str, str]:
         # Exported to the job by sbatch: nothing of root's or the service's environment.
@@ -427,9 +443,10 @@ class DirectTenantActions:
         timeout_s: float,
         session_secret: str | None = None,
         array_values: Sequence[str] | None = None,
+        user: str | None = None,
     ) -> CommandResult:
         job_dir = job_folder(self.settings, account, job_id)
-        tenant = self._tenant(account)
+        tenant = self._tenant(account, user)
         argv_options = check_submit_options(self.settings, list(options), account, job_id)
         data = check_script(script, argv_options)
         if session_secret is not None and not _SESSION_SECRET.fullmatch(session_secret):
@@ -448,7 +465,9 @@ class DirectTenantActions:
             cwd=str(job_dir),
         )
 
-    def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
+    def test_submit(
+        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, user: str | None = None
+    ) -> CommandResult:
         """``sbatch --test-only`` as the tenant, on what ``submit`` would send: Slurm's estimate, and no job.
 
         The flag is added here, never taken from the caller (it is not in the
@@ -456,7 +475,7 @@ class DirectTenantActions:
         Nothing is written: the folder the options name need not exist, since
         sbatch only reads it at the job's start, which a test never has.
         """
-        tenant = self._tenant(account)
+        tenant = self._tenant(account, user)
         argv_options = check_submit_options(self.settings, list(options), account, job_id)
         check_script(script, argv_options)
         argv = [self.settings.slurm_bin("sbatch"), "--test-only", *argv_options]
@@ -517,14 +536,32 @@ class DirectTenantActions:
         finally:
             os.close(values_fd)
 
-    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None) -> CommandResult:
-        tenant = self._tenant(account)
+    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None, user: str | None = None) -> CommandResult:
+        """scancel the jobs as ``user`` (a member user of the account; None: the account's own user).
+
+        Without ids, every job of the account, as each of its users that this
+        host has (``account_users``): the account's own and every member's.
+        """
         if slurm_job_ids is None:
-            targets = [f"--account={account}", f"--user={tenant.user}"]
-        else:
-            if not slurm_job_ids or not all(_cancel_target(job) for job in slurm_job_ids):
-                raise TenantError("scancel needs positive Slurm job ids, or <array job id>_<task index>")
-            targets = [str(job) for job in slurm_job_ids]
+            if user is not None:
+                raise TenantError("cancelling every job of an account names no user: each of its users cancels its own")
+            self._tenant(account)  # root, and a tenant account, before anything else
+            results: list[CommandResult] = []
+            failure: CommandFailed | None = None
+            for tenant in account_users(self.settings, account):
+                try:
+                    results.append(self._scancel(tenant, [f"--account={account}", f"--user={tenant.user}"]))
+                except CommandFailed as exc:  # the others' jobs are still cancelled
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
+            return results[0]
+        tenant = self._tenant(account, user)
+        if not slurm_job_ids or not all(_cancel_target(job) for job in slurm_job_ids):
+            raise TenantError("scancel needs positive Slurm job ids, or <array job id>_<task index>")
+        return self._scancel(tenant, [str(job) for job in slurm_job_ids])
+
+    def _scancel(self, tenant: Tenant, targets: list[str]) -> CommandResult:
         return run_command(
             [self.settings.slurm_bin("scancel"), *targets],
             timeout_s=self.settings.slurm_query_timeout_s,
@@ -563,6 +600,35 @@ class DirectTenantActions:
             cwd="/",
         )
         # sacctmgr exits 1 with "Nothing modified" when the limit is already set.
+        if result.returncode != 0 and "Nothing modified" not in result.stdout + result.stderr:
+            raise CommandFailed(result.argv, result.returncode, result.stderr)
+        return result
+
+    def set_member_limits(self, account: str, user: str, gpu_limit: int | None, gpu_minutes: int | None) -> CommandResult:
+        """GrpTRES and GrpTRESMins (gres/gpu) of a member user's own association under ``account``, as root.
+
+        Only a user this host shows to be a member user of that account, only
+        these two limits, only whole numbers (None: no limit): a member's GPUs
+        at once and what is left of their monthly limit, which Slurm then holds
+        their jobs to however they are submitted. The account's own limits
+        stay on the account's association, above it.
+        """
+        tenant = self._tenant(account, user)
+        if not tenant.is_member:
+            raise TenantError("member limits are set on a member's user, not on the account's own")
+        values = []
+        for what, number in (("GPU limit", gpu_limit), ("budget", gpu_minutes)):
+            if number is not None and (not isinstance(number, int) or isinstance(number, bool) or number < 0):
+                raise TenantError(f"a member's {what} is a whole number, 0 or more, or none")
+            values.append("-1" if number is None else str(number))
+        result = run_command(
+            [self.settings.slurm_bin("sacctmgr"), "--immediate", "modify", "user", "where", f"name={tenant.user}",
+             f"account={account}", "set", f"GrpTRES={BUDGET_TRES}={values[0]}", f"GrpTRESMins={BUDGET_TRES}={values[1]}"],
+            timeout_s=self.settings.slurm_query_timeout_s,
+            env=minimal_env({"HOME": "/"}),
+            check=False,
+            cwd="/",
+        )
         if result.returncode != 0 and "Nothing modified" not in result.stdout + result.stderr:
             raise CommandFailed(result.argv, result.returncode, result.stderr)
         return result
@@ -651,6 +717,9 @@ class _Handler(socketserver.BaseRequestHandler):
             return {"outcome": "ok"}
         if not isinstance(account, str):
             raise TenantError("the request names no account")
+        user = request.get("user")
+        if user is not None and not isinstance(user, str):
+            raise TenantError("user must be a string")
         if op == "submit":
             timeout_s = min(float(request["timeout_s"]), self.server.max_timeout_s)
             secret = request.get("session_secret")
@@ -658,18 +727,20 @@ class _Handler(socketserver.BaseRequestHandler):
                 raise TenantError("session_secret must be a string")
             result = actions.submit(
                 account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s, session_secret=secret,
-                array_values=request.get("array_values"),
+                array_values=request.get("array_values"), user=user,
             )
-            log.info("sbatch as %s for job %s: %s", account, request["job_id"], result.stdout.strip())
+            log.info("sbatch as %s (%s) for job %s: %s", account, user or "account", request["job_id"], result.stdout.strip())
             return _result_payload(result)
         if op == "test":
             timeout_s = min(float(request["timeout_s"]), self.server.max_timeout_s)
-            result = actions.test_submit(account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s)
+            result = actions.test_submit(
+                account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s, user=user
+            )
             return _result_payload(result)
         if op == "cancel":
             ids = request.get("slurm_job_ids")
-            result = actions.cancel(account, None if ids is None else list(ids))
-            log.info("scancel as %s: %s", account, "every job" if ids is None else ids)
+            result = actions.cancel(account, None if ids is None else list(ids), user=user)
+            log.info("scancel as %s (%s): %s", account, user or "account", "every job" if ids is None else ids)
             return _result_payload(result)
         if op == "discard":
             actions.discard(account, request["job_id"])
@@ -677,6 +748,12 @@ class _Handler(socketserver.BaseRequestHandler):
         if op == "budget":
             result = actions.set_budget(account, request.get("gpu_minutes"))
             log.info("budget of %s: %s GPU-minutes", account, request.get("gpu_minutes"))
+            return _result_payload(result)
+        if op == "member_limits":
+            if user is None:
+                raise TenantError("member_limits names the member's user")
+            result = actions.set_member_limits(account, user, request.get("gpu_limit"), request.get("gpu_minutes"))
+            log.info("limits of %s in %s: %s GPUs, %s GPU-minutes", user, account, request.get("gpu_limit"), request.get("gpu_minutes"))
             return _result_payload(result)
         raise TenantError(f"unknown operation {op!r}")
 
@@ -902,6 +979,7 @@ class RunasClient:
         timeout_s: float,
         session_secret: str | None = None,
         array_values: Sequence[str] | None = None,
+        user: str | None = None,
     ) -> CommandResult:
         request: dict[str, Any] = {
             "op": "submit", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s,
@@ -910,14 +988,26 @@ class RunasClient:
             request["session_secret"] = session_secret
         if array_values is not None:
             request["array_values"] = list(array_values)
+        if user is not None:
+            request["user"] = user
         return self._result(["sbatch", *options], self._call(request, timeout_s))
 
-    def test_submit(self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float) -> CommandResult:
-        request = {"op": "test", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s}
+    def test_submit(
+        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, user: str | None = None
+    ) -> CommandResult:
+        request: dict[str, Any] = {
+            "op": "test", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s,
+        }
+        if user is not None:
+            request["user"] = user
         return self._result(["sbatch", "--test-only", *options], self._call(request, timeout_s))
 
-    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None) -> CommandResult:
-        request = {"op": "cancel", "account": account, "slurm_job_ids": None if slurm_job_ids is None else list(slurm_job_ids)}
+    def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None, user: str | None = None) -> CommandResult:
+        request: dict[str, Any] = {
+            "op": "cancel", "account": account, "slurm_job_ids": None if slurm_job_ids is None else list(slurm_job_ids),
+        }
+        if user is not None:
+            request["user"] = user
         return self._result(["scancel"], self._call(request, self.settings.slurm_query_timeout_s))
 
     def discard(self, account: str, job_id: str) -> None:
@@ -925,6 +1015,10 @@ class RunasClient:
 
     def set_budget(self, account: str, gpu_minutes: int | None) -> CommandResult:
         request = {"op": "budget", "account": account, "gpu_minutes": gpu_minutes}
+        return self._result(["sacctmgr"], self._call(request, self.settings.slurm_query_timeout_s))
+
+    def set_member_limits(self, account: str, user: str, gpu_limit: int | None, gpu_minutes: int | None) -> CommandResult:
+        request = {"op": "member_limits", "account": account, "user": user, "gpu_limit": gpu_limit, "gpu_minutes": gpu_minutes}
         return self._result(["sacctmgr"], self._call(request, self.settings.slurm_query_timeout_s))
 
     def ping(self) -> None:

@@ -1,26 +1,35 @@
-"""Each account's own Unix identity, and the folders its jobs write to.
+"""Each account's own Unix identities, and the folders its jobs write to.
 
-An account ``acme`` runs every job as the Unix user ``gp-acme`` (the prefix is
-a setting), whose uid comes from a configured range and who belongs to the
-tenants group. Those three facts together are what the run-as helper checks
-before it acts as a user: it never becomes root, the service, or any account
-that merely happens to be called ``gp-something``.
+An account ``acme`` runs jobs as the Unix user ``gp-acme`` (the prefix is a
+setting), whose uid comes from a configured range and who belongs to the
+tenants group; its own group (gid = its uid) is the account's group. Each
+member of the account who runs jobs gets a Unix user of their own too,
+``gp-<uid>-acme`` (``member_user_name``: never the member's subject, which is
+free text), with a uid from the same range, in the tenants group, and the
+account's group as primary group: what the account shares, it shares through
+that group. Those facts together are what the run-as helper checks before it
+acts as a user (``lookup_tenant``, ``lookup_member``): it never becomes root,
+the service, a user of another account, or any user that merely happens to be
+called ``gp-something``.
 
 Folders, from the top:
 
     job_root/                     root:root            0711  tenants pass through, list nothing
-    job_root/<account>/           tenant:service group 0710  the service passes through, lists nothing
-    job_root/<account>/<job>/     tenant:service group 0710  the same
-    .../<job>/job.sbatch          tenant:service group 0640  made by the run-as helper
-    .../<job>/{stdout,stderr}.log tenant:service group 0640  made by the run-as helper, written by slurmstepd
+    job_root/<account>/           root:root            0711  the same: the account's users and the service pass through
+    job_root/<account>/<job>/     owner:service group  0710  the service passes through, lists nothing; nobody else enters
+    .../<job>/job.sbatch          owner:service group  0640  made by the run-as helper
+    .../<job>/{stdout,stderr}.log owner:service group  0640  made by the run-as helper, written by slurmstepd
 
-So the service reaches exactly the three files the helper makes for it, by
-name; no other tenant gets past the account's folder. Everything else a job
-writes has the tenant's own group and, under the job's umask (``JOB_UMASK``,
-which the helper hands sbatch), no bits for anyone else: the service can
-neither list it nor read it. A folder an earlier release made set-group-id
-2750 is set to 0710 when the helper next makes a job in it: the account's at
-the next submit; a job's own, made once, stays as it was.
+where owner is the user the job runs as: the member's own user, or the
+account's. So the service reaches exactly the three files the helper makes for
+it, by name; another member of the same account, like another account, gets no
+further than a job folder's door. Everything else a job writes has the account's
+group and, under the job's umask (``JOB_UMASK``, which the helper hands sbatch),
+no bits for anyone else: the service can neither list it nor read it. The
+account's folder is root's, so no user of the account can open it up or move
+another member's job folder. A folder an earlier release made (the account's
+own, 0710, or set-group-id 2750) is taken back by root and set to 0711 when the
+helper next makes a job in it; a job's own, made once, stays as it was.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,16 +49,28 @@ from gpupool.proc import RunAs, run_command
 # useradd refuses longer names on Debian and Ubuntu.
 MAX_USER_NAME = 32
 JOB_ROOT_MODE = 0o711
-# No set-group-id: files a job writes keep the tenant's own group, not the service's.
+# Root's, like the job root: every user of the account passes through to their own job folders.
+ACCOUNT_FOLDER_MODE = 0o711
+# No set-group-id: files a job writes keep the account's group, not the service's.
 TENANT_FOLDER_MODE = 0o710
+# What useradd takes on Debian and Ubuntu without --badname, and what Slurm prints unchanged.
+UNIX_USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 @dataclass(frozen=True)
 class Tenant:
+    """A Unix user jobs of ``account`` run as: the account's own (gid: the account's group) or a member's."""
+
     account: str
     user: str
     uid: int
     gid: int
+    # A member's: the uid of the account's own user (None: this is the account's own user).
+    account_uid: int | None = None
+
+    @property
+    def is_member(self) -> bool:
+        return self.account_uid is not None
 
     def run_as(self) -> RunAs:
         return RunAs(uid=self.uid, gid=self.gid)
@@ -86,16 +108,90 @@ def lookup_tenant(settings: Settings, account: str) -> Tenant:
             f"Unix user {name!r} has uid {entry.pw_uid}, outside the tenant range "
             f"{settings.tenant_uid_min}-{settings.tenant_uid_max}: gpupool will not act as it"
         )
-    try:
-        members = grp.getgrnam(settings.tenant_group).gr_mem
-    except KeyError as exc:
-        raise TenantError(f"the tenants group {settings.tenant_group!r} does not exist on this host") from exc
-    if name not in members:
+    if name not in _tenants_group_members(settings):
         raise TenantError(f"Unix user {name!r} is not in the tenants group {settings.tenant_group!r}")
     return Tenant(account=account, user=name, uid=entry.pw_uid, gid=entry.pw_gid)
 
 
-def _free_uid(settings: Settings, taken: set[int]) -> int:
+def member_user_name(settings: Settings, account: str, uid: int) -> str:
+    """A member's Unix user: ``<prefix><uid>-<account>``, cut to fit useradd.
+
+    Built from the uid the database records, never from the member's subject,
+    which is a customer's free text. What follows the prefix starts with a
+    digit, which no account name does, so no member's user can be taken for an
+    account's (``<prefix><account>``); the uid alone makes it unique, and the
+    account's name after it is only there for people reading ``squeue``.
+    """
+    head = f"{settings.tenant_user_prefix}{uid}"
+    if len(head) >= MAX_USER_NAME:
+        raise TenantError(f"uid {uid} with the prefix {settings.tenant_user_prefix!r} leaves no room for a user name")
+    return f"{head}-{account}"[:MAX_USER_NAME].rstrip("-_")
+
+
+def _tenants_group_members(settings: Settings) -> list[str]:
+    try:
+        return grp.getgrnam(settings.tenant_group).gr_mem
+    except KeyError as exc:
+        raise TenantError(f"the tenants group {settings.tenant_group!r} does not exist on this host") from exc
+
+
+def lookup_member(settings: Settings, account: str, user: str) -> Tenant:
+    """A member's Unix user of ``account``, checked here and not taken on the caller's word.
+
+    It must be a valid name, have a uid in the tenant range, be in the tenants
+    group, and have the account's group (the account user's own) as its primary
+    group: only ``gpupool member migrate`` and the playbook, as root, make such
+    users. The account's own user is accepted too.
+    """
+    tenant = lookup_tenant(settings, account)
+    if user == tenant.user:
+        return tenant
+    if not UNIX_USER_NAME.fullmatch(user):
+        raise TenantError(f"{user!r} is not a Unix user name gpupool makes")
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError as exc:
+        raise TenantError(
+            f"account {account!r} has no member user {user!r} on this host; run `gpupool member migrate {account}` "
+            "as root here, and the playbook's tenants step on the other hosts"
+        ) from exc
+    if not settings.tenant_uid_min <= entry.pw_uid <= settings.tenant_uid_max:
+        raise TenantError(
+            f"Unix user {user!r} has uid {entry.pw_uid}, outside the tenant range "
+            f"{settings.tenant_uid_min}-{settings.tenant_uid_max}: gpupool will not act as it"
+        )
+    if entry.pw_uid == tenant.uid or entry.pw_gid != tenant.gid:
+        raise TenantError(f"Unix user {user!r} is not a member user of account {account!r} (its primary group is not the account's)")
+    if user not in _tenants_group_members(settings):
+        raise TenantError(f"Unix user {user!r} is not in the tenants group {settings.tenant_group!r}")
+    return Tenant(account=account, user=user, uid=entry.pw_uid, gid=entry.pw_gid, account_uid=tenant.uid)
+
+
+def account_users(settings: Settings, account: str) -> list[Tenant]:
+    """The account's own user and every member user of it on this host, each checked as ``lookup_member`` checks.
+
+    Found from the tenants group, not from a caller: what the helper cancels when
+    told to cancel all of an account's jobs.
+    """
+    tenant = lookup_tenant(settings, account)
+    users = [tenant]
+    for name in sorted(_tenants_group_members(settings)):
+        if name == tenant.user:
+            continue
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        if entry.pw_gid == tenant.gid:
+            try:
+                users.append(lookup_member(settings, account, name))
+            except TenantError:
+                continue  # not one gpupool would act as (outside the range, say): left alone
+    return users
+
+
+def free_uid(settings: Settings, taken: set[int]) -> int:
+    """The lowest uid of the tenant range that no user or group of this host, nor ``taken``, has."""
     in_use = taken | {entry.pw_uid for entry in pwd.getpwall()} | {entry.gr_gid for entry in grp.getgrall()}
     for uid in range(settings.tenant_uid_min, settings.tenant_uid_max + 1):
         if uid not in in_use:
@@ -123,7 +219,7 @@ def ensure_tenant_user(settings: Settings, account: str, *, uid: int | None = No
     except KeyError:
         existing = None
     if existing is None:
-        new_uid = uid if uid is not None else _free_uid(settings, taken_uids or set())
+        new_uid = uid if uid is not None else free_uid(settings, taken_uids or set())
         try:
             grp.getgrnam(name)
         except KeyError:
@@ -141,6 +237,42 @@ def ensure_tenant_user(settings: Settings, account: str, *, uid: int | None = No
     elif name not in grp.getgrnam(settings.tenant_group).gr_mem:
         _admin_command(["/usr/sbin/usermod", "--append", "--groups", settings.tenant_group, name])
     return lookup_tenant(settings, account)
+
+
+def ensure_member_user(settings: Settings, account: str, uid: int) -> Tenant:
+    """Create a member's Unix user of ``account`` with the uid the database records; root only. Idempotent.
+
+    No group of its own: its primary group is the account's, and it joins the
+    tenants group. The comment names the account only: a member's subject is a
+    customer's free text, and /etc/passwd is no place for it.
+    """
+    tenant = lookup_tenant(settings, account)
+    name = member_user_name(settings, account, uid)
+    try:
+        existing = pwd.getpwnam(name)
+    except KeyError:
+        existing = None
+    if existing is None:
+        _admin_command(
+            [
+                "/usr/sbin/useradd", "--uid", str(uid), "--gid", str(tenant.gid), "--groups", settings.tenant_group,
+                "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+                "--comment", f"gpupool member of {account}", name,
+            ]
+        )
+    elif existing.pw_uid != uid or existing.pw_gid != tenant.gid:
+        raise TenantError(
+            f"Unix user {name!r} exists with uid {existing.pw_uid} and group {existing.pw_gid}, but the database "
+            f"records uid {uid} in account {account!r} (group {tenant.gid})"
+        )
+    elif name not in _tenants_group_members(settings):
+        _admin_command(["/usr/sbin/usermod", "--append", "--groups", settings.tenant_group, name])
+    return lookup_member(settings, account, name)
+
+
+def remove_member_user(user: str) -> None:
+    """Delete a member's Unix user (tests' throwaway accounts); root only."""
+    run_command(["/usr/sbin/userdel", user], timeout_s=30, check=False)
 
 
 def remove_tenant_user(settings: Settings, account: str) -> None:
@@ -183,12 +315,30 @@ def ensure_job_root(settings: Settings) -> int:
     return fd
 
 
+def _ensure_account_dir(root_fd: int, account: str, tenant_uid: int) -> int:
+    """The account's folder, root's and 0711, taken back from the account's user where an earlier release gave it."""
+    try:
+        os.mkdir(account, 0o700, dir_fd=root_fd)
+    except FileExistsError:
+        pass
+    fd = _open_dir_nofollow(account, dir_fd=root_fd)
+    info = os.fstat(fd)
+    if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) != (0, 0, ACCOUNT_FOLDER_MODE):
+        if info.st_uid not in (0, tenant_uid):
+            os.close(fd)
+            raise TenantError(f"{account!r} belongs to uid {info.st_uid}, not root or the account's user {tenant_uid}")
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, ACCOUNT_FOLDER_MODE)  # after chown, which clears the set-group-id bit
+    return fd
+
+
 def ensure_tenant_folder(settings: Settings, tenant: Tenant, job_id: str | None = None) -> Path:
-    """The tenant's folder (and, with ``job_id``, the job's folder in it), owned as documented above."""
+    """The account's folder (and, with ``job_id``, the job's folder in it, owned by ``tenant``), as documented above."""
     group = service_gid(settings)
     root_fd = ensure_job_root(settings)
     try:
-        account_fd = _ensure_owned_dir(root_fd, tenant.account, tenant.uid, group, TENANT_FOLDER_MODE)
+        account_uid = tenant.uid if tenant.account_uid is None else tenant.account_uid
+        account_fd = _ensure_account_dir(root_fd, tenant.account, account_uid)
     finally:
         os.close(root_fd)
     try:

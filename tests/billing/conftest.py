@@ -18,7 +18,16 @@ from sqlalchemy.orm import sessionmaker
 from billing.prices import set_price
 from gpupool import db
 from gpupool.config import Settings
-from gpupool.models import Account, AccountSpend, Adjustment, BillingState, Job, LedgerEntry, MemberSpend
+from gpupool.models import (
+    Account,
+    AccountSpend,
+    Adjustment,
+    BillingState,
+    Job,
+    LedgerEntry,
+    MemberIdentity,
+    MemberSpend,
+)
 from tests.conftest import JWT_SECRET, REPO, base_settings, create_database, drop_database
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
@@ -108,14 +117,29 @@ def member_spend_totals(engine: Engine) -> dict[tuple[str, str, str], int]:
 
 
 def member_spend_sums(engine: Engine) -> dict[tuple[str, str, str], int]:
-    """The same, summed from the ledger rows of each member's API jobs in their account: what the totals must equal."""
-    query = (
+    """The same, summed from the ledger rows of each member's API jobs in their account, and of the jobs
+    their own Unix user ran around the API (``member_user``): what the totals must equal."""
+    api_jobs = (
         select(LedgerEntry.account, Job.owner, LedgerEntry.period, func.sum(LedgerEntry.amount_nanos))
         .join(Job, (Job.id == LedgerEntry.gpupool_job_id) & (Job.account == LedgerEntry.account))
         .group_by(LedgerEntry.account, Job.owner, LedgerEntry.period)
     )
+    direct = (
+        select(LedgerEntry.account, MemberIdentity.subject, LedgerEntry.period, func.sum(LedgerEntry.amount_nanos))
+        .join(
+            MemberIdentity,
+            (MemberIdentity.account == LedgerEntry.account) & (MemberIdentity.unix_user == LedgerEntry.member_user),
+        )
+        .outerjoin(Job, (Job.id == LedgerEntry.gpupool_job_id) & (Job.account == LedgerEntry.account))
+        .where(Job.id.is_(None))
+        .group_by(LedgerEntry.account, MemberIdentity.subject, LedgerEntry.period)
+    )
+    sums: dict[tuple[str, str, str], int] = {}
     with engine.connect() as connection:
-        return {(account, subject, period): int(nanos) for account, subject, period, nanos in connection.execute(query)}
+        for query in (api_jobs, direct):
+            for account, subject, period, nanos in connection.execute(query):
+                sums[(account, subject, period)] = sums.get((account, subject, period), 0) + int(nanos)
+    return sums
 
 
 def _prepare(url: str, archive: Path) -> LedgerDb:

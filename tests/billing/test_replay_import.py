@@ -207,7 +207,7 @@ def test_a_row_whose_user_is_not_its_accounts_tenant_refuses_the_dump(priced: Le
     dump.write_text(as_pass_output([header, *rows]))
     refused = priced.cli("billing", "replay", str(dump))
     assert refused.returncode == 1
-    assert "line 3: account 'victim' runs jobs as 'gp-victim' alone, and this row names user 'gp-mallory'" in refused.stderr
+    assert "line 3: account 'victim' runs jobs as 'gp-victim' and its members' own users alone, and this row names user 'gp-mallory'" in refused.stderr
     assert priced.ledger() == [] and passes_recorded(priced) == 0
     # The tenant's own row alone bills, name and all.
     dump.write_text(as_pass_output([header, rows[0]]))

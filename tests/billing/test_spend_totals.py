@@ -18,7 +18,7 @@ from billing import passes
 from billing.budgets import balance, lock_budget, member_spent_nanos
 from billing.prices import set_price
 from gpupool import db
-from gpupool.models import Account, Adjustment, BillingPass, Job, LedgerEntry
+from gpupool.models import Account, Adjustment, BillingPass, Job, LedgerEntry, MemberIdentity
 from tests.billing.conftest import (
     RTX4090_NANOS,
     LedgerDb,
@@ -185,6 +185,36 @@ def test_each_members_total_is_what_their_api_jobs_were_billed(ledger_db: Ledger
 
 
 @pytest.mark.parametrize("ledger_db", ["postgresql"], indirect=True)
+def test_a_members_own_users_jobs_around_the_api_count_in_their_spend(ledger_db: LedgerDb) -> None:
+    """Rows the billing pass marks with a member's own user (``member_user``, migration 0027) count for that member."""
+    with ledger_db.engine.begin() as connection:
+        now = db.utcnow()
+        connection.execute(insert(Account), [{"name": name, "created_at": now} for name in ("acme", "zeta")])
+        connection.execute(insert(MemberIdentity), [
+            {"account": "acme", "subject": "alice", "unix_user": "gp-200001-acme", "unix_uid": 200001, "created_at": now},
+            {"account": "zeta", "subject": "alice", "unix_user": "gp-200002-zeta", "unix_uid": 200002, "created_at": now},
+        ])
+        connection.execute(insert(Job), [api_job("a1", "acme", "alice")])
+        pass_id = new_pass(connection)
+        rows = [
+            # alice's direct sbatch in acme, and her API job (counted once, as the API job's)
+            ledger_entry(pass_id, 1, "acme", "2026-11", 11, None) | {"member_user": "gp-200001-acme"},
+            ledger_entry(pass_id, 2, "acme", "2026-11", 7, "a1") | {"member_user": "gp-200001-acme"},
+            # acme's member user under zeta, a user no identity has, and the account's own user: nobody's
+            ledger_entry(pass_id, 3, "zeta", "2026-11", 13, None) | {"member_user": "gp-200001-acme"},
+            ledger_entry(pass_id, 4, "acme", "2026-11", 17, None) | {"member_user": "gp-209999-acme"},
+            ledger_entry(pass_id, 5, "acme", "2026-11", 19, None) | {"member_user": None},
+            # her direct job in zeta, in the next statement, on the total the first made
+            ledger_entry(pass_id, 6, "zeta", "2026-12", 23, None) | {"member_user": "gp-200002-zeta"},
+            ledger_entry(pass_id, 7, "acme", "2026-11", 29, None) | {"member_user": "gp-200001-acme"},
+        ]
+        connection.execute(insert(LedgerEntry), rows[:5])
+        connection.execute(insert(LedgerEntry), rows[5:])
+    expected = {("acme", "alice", "2026-11"): 11 + 7 + 29, ("zeta", "alice", "2026-12"): 23}
+    assert member_spend_totals(ledger_db.engine) == member_spend_sums(ledger_db.engine) == expected
+    ledger_db.assert_spend_exact()
+
+
 def test_a_copy_replay_of_api_jobs_keeps_each_members_total_exact(ledger_db: LedgerDb, tmp_path: Path) -> None:
     """Billing's own path: sacct rows matched to API jobs by their Slurm ids, streamed in by COPY, one trigger call."""
     jobs: list[SyntheticJob] = list(synthetic_jobs(3_000, seed=4, month_start=dt.datetime(2026, 10, 20, tzinfo=dt.UTC), accounts=5))

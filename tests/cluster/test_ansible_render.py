@@ -703,6 +703,9 @@ def test_gpupool_wrapper_creates_accounts_as_root_and_runs_the_rest_as_their_own
         return subprocess.run(["sh", str(probe), *argv], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
 
     assert runs_as("account", "create", "acme", "--gpu-limit", "8") == "root"
+    assert runs_as("member", "migrate", "acme") == "root"  # members' Unix users
+    assert runs_as("account", "sync") == "root"  # every account's Slurm association
+    assert runs_as("member", "set", "acme", "bob", "--role", "member") == "gpupool-operator"
     # Never the API's user (gpupool), which could read the owner's password in the environment.
     assert runs_as("account", "list", "--json") == "gpupool-operator"
     assert runs_as("billing", "run") == "gpupool-billing"
@@ -764,10 +767,11 @@ def test_monitoring_listens_on_each_hosts_private_address_only(rendered: Rendere
 
 # --- tenants: each account's Unix user on every compute node ---------------------------
 
-# Names no machine running these tests has.
+# Names no machine running these tests has. rndacme has two members with users of their own.
+ACME_MEMBERS = [{"unix_user": "gp-251011-rndacme", "unix_uid": 251011}, {"unix_user": "gp-251012-rndacme", "unix_uid": 251012}]
 TENANT_ACCOUNTS = [
-    {"account": "rndacme", "unix_user": "gp-rndacme", "unix_uid": 251001},
-    {"account": "rndbeta", "unix_user": "gp-rndbeta", "unix_uid": 251002},
+    {"account": "rndacme", "unix_user": "gp-rndacme", "unix_uid": 251001, "members": ACME_MEMBERS},
+    {"account": "rndbeta", "unix_user": "gp-rndbeta", "unix_uid": 251002, "members": []},
     # Made before tenants: no Unix user until `gpupool account create` runs for it again.
     {"account": "rndlegacy", "unix_user": None, "unix_uid": None},
 ]
@@ -794,6 +798,9 @@ def test_tenants_step_gives_each_compute_node_every_accounts_user(repo_root: Pat
     # ctl1, the controller, needs them too (on a real API host `gpupool account
     # create` made them already; this machine has none).
     assert created["ctl1"] == TENANT_ACCOUNTS[:2]
+    # And every member's own user, everywhere its account's is.
+    for host in ("ctl1", "gpu01", "gpu02"):
+        assert json.loads((tmp_path / f"{host}-tenant-members.json").read_text()) == ACME_MEMBERS, host
     for account in TENANT_ACCOUNTS[:2]:
         with pytest.raises(KeyError):
             pwd.getpwnam(str(account["unix_user"]))  # check mode: nothing was made here
@@ -803,6 +810,10 @@ def test_tenants_step_refuses_a_uid_outside_the_tenant_range(repo_root: Path, tm
     # A regular user's uid: the run-as helper would refuse to act as it.
     with pytest.raises(AssertionError, match="uid from 200000 to 299999"):
         plan_tenants(repo_root, tmp_path, [{"account": "rndlow", "unix_user": "gp-rndlow", "unix_uid": 1000}])
+    # A member's user likewise.
+    member = {"unix_user": "gp-1000-rndlow", "unix_uid": 1000}
+    with pytest.raises(AssertionError, match="member user gp-1000-rndlow with uid 1000 must be"):
+        plan_tenants(repo_root, tmp_path, [{"account": "rndlow", "unix_user": "gp-rndlow", "unix_uid": 251003, "members": [member]}])
 
 
 # --- container runtime: the Prolog and Epilog slurmd runs around every job --------------

@@ -63,15 +63,16 @@ def test_account_create_makes_the_tenant_user_slurm_association_and_gpu_limit(
     user = pwd.getpwnam(tenant)
     assert 200_000 <= user.pw_uid <= 299_999 and user.pw_shell == "/usr/sbin/nologin"
     assert tenant in grp.getgrnam("gpupool-tenants").gr_mem
+    # The account's folder is root's: each of its users (the account's, its members') passes through to their own job folders.
     folder = (job_root / new_account).stat()
-    assert (folder.st_uid, grp.getgrgid(folder.st_gid).gr_name, stat.S_IMODE(folder.st_mode)) == (user.pw_uid, SERVICE_USER, 0o710)
+    assert (folder.st_uid, folder.st_gid, stat.S_IMODE(folder.st_mode)) == (0, 0, 0o711)
 
     # The tenant alone has an association: not root, not the service.
     rows = slurm_cmd("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres").split()
     # One row each per cluster slurmdbd serves (the multinode test cluster may be one).
     assert set(rows) == {f"{new_account}||gres/gpu=2", f"{new_account}|{tenant}|"}
     listed = json.loads(run_cli("account", "list", "--json", database_url=sqlite_url).stdout)
-    assert {"account": new_account, "unix_user": tenant, "unix_uid": user.pw_uid} in listed
+    assert {"account": new_account, "unix_user": tenant, "unix_uid": user.pw_uid, "members": []} in listed
 
     # The account's job cap: the site's default, then its own.
     association = ("sacctmgr", "-n", "-P", "show", "association", "where", f"account={new_account}", "format=account,user,grptres,grpsubmit")

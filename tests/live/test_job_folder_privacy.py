@@ -74,7 +74,7 @@ def test_the_service_reads_a_jobs_logs_and_nothing_else_it_writes(
 ) -> None:
     tenant = pwd.getpwnam(TENANT_PREFIX + slurm_account)
     service_gid = grp.getgrnam(SERVICE_USER).gr_gid
-    # The account's folder as an earlier release made it: the next submit must take the set-group-id bit off.
+    # The account's folder as an earlier release made it: the next submit must make it root's 0711.
     account_dir = job_root / slurm_account
     account_dir.mkdir(exist_ok=True)
     os.chown(account_dir, tenant.pw_uid, service_gid)
@@ -118,10 +118,12 @@ def test_the_service_reads_a_jobs_logs_and_nothing_else_it_writes(
     ):
         assert_refused(as_user(other, *argv))
 
-    # Why: folders 0710 with no set-group-id, the helper's logs the service's group, the rest the tenant's own.
-    for folder in (account_dir, job_dir):
-        info = os.stat(folder)
-        assert (stat.S_IMODE(info.st_mode), info.st_gid) == (0o710, service_gid), folder
+    # Why: the job's folder 0710 with no set-group-id, the helper's logs the service's group, the rest the tenant's own;
+    # the account's folder root's, 0711, taken back from the tenant an earlier release gave it to.
+    info = os.stat(job_dir)
+    assert (stat.S_IMODE(info.st_mode), info.st_gid) == (0o710, service_gid)
+    info = os.stat(account_dir)
+    assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (0o711, 0, 0)
     for name in ("stdout.log", "stderr.log", "job.sbatch"):
         info = os.stat(job_dir / name)
         assert (stat.S_IMODE(info.st_mode), info.st_gid) == (0o640, service_gid), name

@@ -19,7 +19,7 @@ from gpupool import db
 from gpupool.models import Account
 from gpupool.proc import run_command
 from gpupool.slurm.client import SlurmClient
-from gpupool.slurm.tenants import ensure_tenant_user, remove_tenant_user
+from gpupool.slurm.tenants import Tenant, ensure_member_user, ensure_tenant_user, remove_member_user, remove_tenant_user
 from tests.support.tenancy import TENANT_PREFIX
 
 PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -103,6 +103,24 @@ def throwaway_slurm_account(
         # Accounts with job records may be kept by slurmdbd; harmless.
         run("sacctmgr", "-i", "delete", "account", name, check=False)
         remove_tenant_user(settings, name)
+
+
+@contextmanager
+def throwaway_member_user(slurm: SlurmClient, account: str, *, run: SlurmCommand = slurm_cmd) -> Iterator[Tenant]:
+    """A member's own Unix and Slurm user of ``account`` (a throwaway one), as `gpupool member migrate` makes it.
+
+    Inside ``throwaway_slurm_account``: the account's group outlives its members' users only so long.
+    """
+    settings = slurm.settings
+    uid = random.randint(settings.tenant_uid_min + 50_000, settings.tenant_uid_max)
+    tenant = ensure_member_user(settings, account, uid)
+    try:
+        slurm.ensure_member_user(account, tenant.user)
+        yield tenant
+    finally:
+        run("scancel", f"--user={tenant.user}", check=False)
+        run("sacctmgr", "-i", "delete", "user", f"name={tenant.user}", check=False)
+        remove_member_user(tenant.user)
 
 
 def add_account_row(session_factory: sessionmaker, name: str) -> None:

@@ -165,7 +165,9 @@ def test_malformed_output_is_refused(text: str, message: str) -> None:
 # --- rows a tenant's text could have made ------------------------------------------------
 
 ALICE, BOB = "alice", "bob"  # gpupool tenant accounts, run as gp-alice and gp-bob
-TENANTS = Tenancy("gp-", {ALICE: "gp-alice", BOB: "gp-bob"})
+# Two members of alice with users of their own (gpupool.slurm.tenants.member_user_name).
+ALICE_M1, ALICE_M2 = "gp-200101-alice", "gp-200102-alice"
+TENANTS = Tenancy("gp-", {ALICE: "gp-alice", BOB: "gp-bob"}, {ALICE_M1: ALICE, ALICE_M2: ALICE})
 
 
 def fields(job: int, account: str, user: str, name: str, *, elapsed: int = 10, gpus: int = 1) -> list[str]:
@@ -228,8 +230,13 @@ def test_under_a_pipe_a_tenants_row_is_refused_even_when_it_is_real() -> None:
 @pytest.mark.parametrize(
     ("account", "user", "reason"),
     [
-        (BOB, "gp-alice", "account 'bob' runs jobs as 'gp-bob' alone, and this row names user 'gp-alice'"),
-        (BOB, "root", "account 'bob' runs jobs as 'gp-bob' alone, and this row names user 'root'"),
+        (BOB, "gp-alice", "account 'bob' runs jobs as 'gp-bob' and its members' own users alone, and this row names user 'gp-alice'"),
+        (BOB, "root", "account 'bob' runs jobs as 'gp-bob' and its members' own users alone, and this row names user 'root'"),
+        # A member's own user bills their account alone...
+        (BOB, ALICE_M1, f"user '{ALICE_M1}' is a member's user of account 'alice', and this row bills account 'bob'"),
+        ("other", ALICE_M2, f"user '{ALICE_M2}' is a member's user of account 'alice', and this row bills account 'other'"),
+        # ...and one this database did not make is nobody's member of bob.
+        (BOB, "gp-200999-bob", "account 'bob' runs jobs as 'gp-bob' and its members' own users alone, and this row names user 'gp-200999-bob'"),
         ("other", "gp-alice", "user 'gp-alice' is the tenant user of account 'alice', and this row bills account 'other'"),
         # A tenant user of an account this database does not know is still that account's alone.
         ("other", "gp-carol", "user 'gp-carol' is the tenant user of account 'carol', and this row bills account 'other'"),
@@ -245,6 +252,22 @@ def test_a_row_whose_user_and_account_do_not_go_together(account: str, user: str
     reader = RunReader(text, NONCE, tenancy=TENANTS, refuse_mismatches=False)
     assert [run.job_id_raw for run in reader.runs()] == [57, 59]
     assert reader.refused == [f"line 3: job '58': {reason}"]
+
+
+def test_rows_of_an_accounts_members_own_users_bill_that_account() -> None:
+    text = output(fields(57, ALICE, ALICE_M1, "m1"), fields(58, ALICE, ALICE_M2, "m2"), fields(59, ALICE, "gp-alice", "old"))
+    reader = RunReader(text, NONCE, tenancy=TENANTS, refuse_mismatches=False)
+    # Each keeps the member's user that ran it, for that member's monthly spend; the account's own user is no member's.
+    assert [(run.job_id_raw, run.account, run.member_user) for run in reader.runs()] == [
+        (57, ALICE, ALICE_M1), (58, ALICE, ALICE_M2), (59, ALICE, None),
+    ]
+    assert reader.refused == []
+
+
+def test_a_members_user_is_never_read_as_an_accounts_tenant_user() -> None:
+    # gp-200101-alice is no account's tenant user: "200101-alice" is no account name.
+    assert Tenancy("gp-").mismatch("200101-alice", "gp-200101-alice") is None
+    assert Tenancy("gp-").mismatch("other", "gp-200101-alice") is None
 
 
 def test_a_bad_value_is_refused_with_its_line() -> None:

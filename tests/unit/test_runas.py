@@ -25,7 +25,7 @@ from gpupool.slurm.runas import (
     job_folder,
     script_directives,
 )
-from gpupool.slurm.tenants import tenant_user_name
+from gpupool.slurm.tenants import UNIX_USER_NAME, member_user_name, tenant_user_name
 
 JOB_ID = "0b0e4c8e-8a8f-4a2b-9a59-0f6b3c1d2e4f"
 JOB_DIR = Path("/var/lib/gpupool/jobs/acme") / JOB_ID
@@ -277,11 +277,37 @@ def test_a_tag_counts_only_from_the_accounts_own_tenant() -> None:
     assert not client.owns(entry("gpupool", "acme"), "acme")  # the service itself
 
 
+def test_a_members_tag_counts_only_from_that_members_own_user() -> None:
+    client = SlurmClient(Settings(service_user="gpupool", service_group="gpupool"), tenants=object())  # type: ignore[arg-type]
+    assert client.owns(entry("gp-200101-acme", "acme"), "acme", "gp-200101-acme")
+    assert not client.owns(entry("gp-200102-acme", "acme"), "acme", "gp-200101-acme")  # another member of acme
+    assert not client.owns(entry("gp-acme", "acme"), "acme", "gp-200101-acme")  # the account's own user
+    assert not client.owns(entry("gp-200101-acme", "evil"), "acme", "gp-200101-acme")  # under another account
+
+
 def test_tenant_user_names_fit_useradd() -> None:
     settings = Settings(service_user="gpupool", service_group="gpupool")
     assert tenant_user_name(settings, "acme") == "gp-acme"
     with pytest.raises(TenantError, match="too long"):
         tenant_user_name(settings, "a" * 30)
+
+
+@pytest.mark.parametrize(
+    ("account", "uid", "name"),
+    [
+        ("acme", 200123, "gp-200123-acme"),
+        # Cut to useradd's 32 characters; the uid before the cut keeps it unique.
+        ("a" * 29, 299999, "gp-299999-" + "a" * 22),
+        # Never ending in a separator.
+        ("abcdefghijklmnopqrstu-xy", 200000, "gp-200000-abcdefghijklmnopqrstu"),
+    ],
+)
+def test_member_user_names_are_made_of_the_uid_and_fit_useradd(account: str, uid: int, name: str) -> None:
+    settings = Settings(service_user="gpupool", service_group="gpupool")
+    made = member_user_name(settings, account, uid)
+    assert made == name and len(made) <= 32 and UNIX_USER_NAME.fullmatch(made)
+    # What follows the prefix is no account name (those start with a letter): never taken for an account's user.
+    assert not _ACCOUNT.match(made[len("gp-"):])
 
 
 def test_a_helper_that_takes_a_submit_and_drops_the_connection_leaves_it_uncertain(tmp_path: Path) -> None:

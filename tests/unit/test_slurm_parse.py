@@ -555,6 +555,35 @@ def test_a_row_counts_only_for_its_jobs_own_account_and_tenant_user() -> None:
     }
 
 
+def test_a_members_job_counts_rows_from_that_members_own_user_alone() -> None:
+    """M1's job 75 in account B, run as M1's own user: rows naming it from the account's tenant user or
+    from another member's user (M2 forging them from a job of theirs) change nothing; M1's own row does."""
+    m1, m2 = f"gp-200101-{TENANT_B}", f"gp-200102-{TENANT_B}"
+    job = running_job(TENANT_B, 75, "0b7e2d4c-member")
+    job.unix_user = m1
+    now = utc(2026, 12, 1, 20, 52, 0)
+    row = QueueEntry(75, "PENDING", "Forged", utc(2026, 12, 1), None, None, None, "", m1, TENANT_B)
+    ended = AccountingEntry(75, "COMPLETED", 0, 0, utc(2026, 12, 1), utc(2026, 12, 1), utc(2026, 12, 1), 1, "vm", None)
+    for user, account in ((m2, TENANT_B), (f"gp-{TENANT_B}", TENANT_B), (m1, TENANT_A)):
+        queue = {75: replace(row, user=user, account=account)}
+        accounting = {75: replace(ended, user=user, account=account)}
+        assert refresher().changes(job, SlurmAnswers(queue, accounting, {}), now) == {}, (user, account)
+    assert refresher().changes(job, SlurmAnswers({75: row}, {}, {}), now)["reason"] == "Forged"
+
+
+def test_a_lost_submission_is_adopted_only_from_the_user_it_was_submitted_as() -> None:
+    m1, m2 = f"gp-200101-{TENANT_B}", f"gp-200102-{TENANT_B}"
+    job = running_job(TENANT_B, 0, "0b7e2d4c-0000-4000-8000-000000000001")
+    job.slurm_job_id, job.state, job.unix_user = None, "SUBMITTING", m1
+    tag = f"gpupool:{job.id}"
+    now = utc(2026, 12, 1, 20, 52, 0)
+    queued = QueueEntry(76, "PENDING", None, utc(2026, 12, 1), None, None, None, tag, m2, TENANT_B)
+    # M2 copied M1's tag onto a job of their own: not M1's job.
+    assert refresher().changes(job, SlurmAnswers({76: queued}, {}, {(TENANT_B, m2, tag): queued}), now) == {}
+    own = replace(queued, user=m1)
+    assert refresher().changes(job, SlurmAnswers({76: own}, {}, {(TENANT_B, m1, tag): own}), now)["slurm_job_id"] == 76
+
+
 def test_another_jobs_tag_in_a_row_makes_it_no_row_of_this_job() -> None:
     victim = running_job(TENANT_B, 74, "0b7e2d4c-victim")
     tagged = QueueEntry(74, "PENDING", "Forged", None, None, None, None, "gpupool:someone-else", f"gp-{TENANT_B}", TENANT_B)

@@ -21,8 +21,8 @@ class _Owner:
 
     settings = SimpleNamespace(tenant_user_prefix="gp-")
 
-    def owns(self, entry: QueueEntry | AccountingEntry, account: str) -> bool:
-        return entry.account == account and entry.user == "gp-" + account
+    def owns(self, entry: QueueEntry | AccountingEntry, account: str, user: str | None = None) -> bool:
+        return entry.account == account and entry.user == (user or "gp-" + account)
 
 
 def refresher() -> JobStateRefresher:
