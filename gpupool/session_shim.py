@@ -341,18 +341,26 @@ def enter_private_network() -> None:
         raise NoPrivateNetwork(f"the new network namespace has interfaces {interfaces}, not just lo")
 
 
-def install_stop(child: subprocess.Popen) -> None:
+def install_stop(child: subprocess.Popen) -> list[int]:
+    """Pass Slurm's SIGTERM (cancel, idle stop, time limit) on to the app; the shim ends when the app does.
+
+    The handler only forwards: the main thread is in ``child.wait()``, whose lock a wait
+    here could not take (that waited its whole timeout, 20 s, before every stop). An app
+    that ignores the signal gets Slurm's SIGKILL after KillWait. The signals received go
+    into the list returned, for the exit code.
+    """
+    received: list[int] = []
+
     def stop(signum: int, _frame: object) -> None:
-        # Slurm's SIGTERM at cancel, idle stop or time limit: the app first, then this process.
-        child.send_signal(signum)
+        received.append(signum)
         try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-        sys.exit(128 + signum)
+            child.send_signal(signum)
+        except OSError:
+            pass
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    return received
 
 
 def write_port_file(path: str, port: int) -> None:
@@ -401,9 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.upstream_header:
         header = args.upstream_header.replace("{secret}", secret.decode()).encode("latin-1")
     app = subprocess.Popen(command, env=env)  # the listener is not inherited (Python's sockets are close-on-exec)
-    install_stop(app)
+    stopped_by = install_stop(app)
     while not app_answers(app_port):
         if app.poll() is not None:
+            if stopped_by:
+                return 128 + stopped_by[0]
             print(f"gpupool session: the app exited with {app.returncode} before it answered", file=sys.stderr)
             return app.returncode or 1
         time.sleep(0.2)
@@ -411,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=shim.serve, args=(listener,), daemon=True).start()
     write_port_file(args.port_file, listener.getsockname()[1])
     print(f"gpupool session: listening on {host}:{listener.getsockname()[1]}", flush=True)
-    return app.wait()
+    code = app.wait()
+    return 128 + stopped_by[0] if stopped_by else code
 
 
 if __name__ == "__main__":
