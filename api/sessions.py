@@ -7,30 +7,49 @@ passing the browser's cookie along. Without the key they are the 404 of an
 address that does not exist. For a cookie that is not this session's (another
 account's, expired, or no session at that name) the auth endpoint answers 403,
 which nginx turns into the same 404 for all of them; without a cookie, 401,
-which nginx turns into the sign-in redirect.
+which nginx turns into the sign-in redirect. A cookie gpupool did not make for
+this session (its MAC, ``gpupool.sessions.grant_value_signed``) is refused
+before the cache and the database: a flood of made-up cookies costs a hash each.
 """
 
 from __future__ import annotations
 
 import hmac
 
-from flask import Blueprint, Response, current_app, jsonify, redirect, request
-from werkzeug.wrappers import Response as BaseResponse
+from flask import Blueprint, Response, jsonify, request
 
-from api.caches import ExpiringCache
 from api.context import app_state, db_session, principal
 from api.jobs import _refresh_if_unfinished, _visible_job
+from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import NotFound
 from gpupool.models import Job, JobSession
-from gpupool.sessions import COOKIE_NAME, ENDED, Upstream, authorize, issue_link, note_ready, redeem_link, session_view
+from gpupool.models.sessions import COOKIE
+from gpupool.sessions import (
+    ENDED,
+    Upstream,
+    authorize,
+    grant_cookie_name,
+    grant_value_signed,
+    issue_link,
+    note_ready,
+    redeem_link,
+    session_view,
+)
 
 sessions_bp = Blueprint("sessions", __name__)
 session_proxy_bp = Blueprint("session_proxy", __name__, url_prefix="/session-proxy")
 
 LABEL_HEADER = "X-Gpupool-Session"
 KEY_HEADER = "X-Gpupool-Proxy-Key"
-_CACHE_KEY = "gpupool_session_auth"
+# What /.gpupool/open answers with the cookie: a page of the session's own origin that goes on to /. A redirect
+# would not do: the browser arrived from gpupool's site, and it sends a SameSite=Strict cookie on no request
+# of a navigation that began on another site, the redirected one included; this page's own navigation is same-origin.
+OPEN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="0; url=/">
+<title>Opening your session</title></head>
+<body><p>Opening your session&hellip; <a href="/">Continue</a></p></body></html>
+"""
 
 
 def _session_of(job_id: str) -> tuple[Job, JobSession]:
@@ -71,51 +90,56 @@ def _check_proxy() -> str:
     return request.headers.get(LABEL_HEADER, "").lower()
 
 
-def _auth_cache() -> ExpiringCache[tuple[str, str], Upstream | None]:
-    cache = current_app.extensions.get(_CACHE_KEY)
-    if cache is None:
-        cache = current_app.extensions[_CACHE_KEY] = ExpiringCache(app_state().settings.session_auth_cache_s)
-    return cache
+def _answer(status: int, settings: Settings, upstream: Upstream | None = None) -> Response:
+    """The auth answer, with how long nginx may keep it: it caches answers, refusals included, for
+    ``session_auth_cache_s`` (X-Accel-Expires, one cache shared by its workers), so a session's many
+    requests and a flood of one made-up cookie ask the database once per that time, and a revoked token
+    or an ended session is refused within it."""
+    response = Response(status=status)
+    if upstream is not None:
+        response.headers["X-Gpupool-Upstream"] = upstream.address
+        response.headers["X-Gpupool-Secret"] = upstream.secret
+    response.headers["X-Accel-Expires"] = str(int(settings.session_auth_cache_s))
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 @session_proxy_bp.get("/auth")
 def proxy_auth() -> Response:
     label = _check_proxy()
-    cookie = request.cookies.get(COOKIE_NAME)
-    if not cookie:
-        return Response(status=401)
     settings = app_state().settings
-
-    def fetch(key: tuple[str, str]) -> Upstream | None:
-        return authorize(db_session(), settings, key[0], key[1], utcnow())
-
-    upstream = _auth_cache().get((label, cookie), fetch)
-    if upstream is None:
-        return Response(status=403)
-    response = Response(status=204)
-    response.headers["X-Gpupool-Upstream"] = upstream.address
-    response.headers["X-Gpupool-Secret"] = upstream.secret
-    response.headers["Cache-Control"] = "no-store"
-    return response
+    cookies = request.cookies.getlist(grant_cookie_name(settings))
+    if not cookies or not cookies[0]:
+        return Response(status=401)
+    cookie = cookies[0]
+    # Two (nginx refuses those first, with a 400 that says so) or one gpupool never made for this
+    # session: refused on the MAC alone, before the database.
+    if len(cookies) > 1 or not grant_value_signed(settings, COOKIE, label, cookie):
+        return _answer(403, settings)
+    upstream = authorize(db_session(), settings, label, cookie, utcnow())
+    return _answer(403, settings) if upstream is None else _answer(204, settings, upstream)
 
 
 @session_proxy_bp.get("/open")
-def proxy_open() -> BaseResponse:
+def proxy_open() -> Response:
     label = _check_proxy()
     settings = app_state().settings
     cookie = redeem_link(db_session(), settings, label, request.args.get("link", ""), utcnow())
     if cookie is None:
         raise NotFound("this link has been used, has expired, or is not for this session; ask for a new one")
-    response = redirect("/", code=303)
+    response = Response(OPEN_PAGE, status=200, mimetype="text/html")
     # No Domain attribute: the cookie belongs to this session's origin alone, never its siblings or gpupool's.
+    # Strict: no request another site starts carries it, a sibling session's page (same site) included.
     response.set_cookie(
-        COOKIE_NAME,
+        grant_cookie_name(settings),
         cookie,
         max_age=settings.session_cookie_ttl_s,
         path="/",
         httponly=True,
         secure=settings.sessions_url.startswith("https://"),
-        samesite="Lax",
+        samesite="Strict",
     )
     response.headers["Cache-Control"] = "no-store"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["Content-Security-Policy"] = "default-src 'none'"
     return response

@@ -206,10 +206,11 @@ class Settings:
     # proxy goes nowhere else, so keep every other service of the nodes out of it.
     session_ports: str = "20000-29999"
     # Shared with the proxy (nginx sends it to the auth endpoint). Empty: the proxy's endpoints answer 404.
+    # It also keys the MAC on session links and cookies (gpupool.sessions.grant_value_signed).
     session_proxy_key: str = ""
     session_link_ttl_s: int = 60
     session_cookie_ttl_s: int = 12 * 3600
-    # How long each worker trusts its last answer for a session cookie (the proxy asks on every request).
+    # How long nginx keeps the API's answer about a session cookie, refusals included (X-Accel-Expires).
     session_auth_cache_s: float = 5.0
     session_status_timeout_s: float = 3.0
 

@@ -4,22 +4,26 @@ gpupool writes this file into a session job's folder and runs it there, in
 whatever Python the job's environment or image has: it uses the standard
 library alone and the syntax of Python 3.7. It
 
-- starts the session's app (the command after ``--``) in a user and network
-  namespace of its own, so that the app's 127.0.0.1 (``GPUPOOL_APP_HOST`` and
-  ``GPUPOOL_APP_PORT``) is private: no other job on the node, whatever its uid,
-  can connect to it. A forwarder in that namespace (this file again, with
-  ``--inner``) takes connections on a Unix socket in a 0700 folder of the
-  job's own and passes them to the app's port. A node that cannot make the
+- listens on the node's cluster address (never on all interfaces), on a free
+  port of the operator's session range, and then moves itself into a user and
+  network namespace of its own, where it starts the session's app (the command
+  after ``--``): the app's 127.0.0.1 (``GPUPOOL_APP_HOST`` and
+  ``GPUPOOL_APP_PORT``) is that namespace's, so no other job on the node,
+  whatever its uid, can connect to it. A socket keeps the namespace it was made
+  in: the listener stays on the node's network, and each connection the shim
+  opens to the app is made inside the app's. A node that cannot make the
   namespaces (user.max_user_namespaces = 0, a seccomp or AppArmor rule) fails
   the session with exit code 78 and says why on stderr: the app is never left
   on the node's shared loopback;
-- listens on the node's cluster address (never on all interfaces), on a free
-  port of the operator's session range, and writes that port, and nothing
-  else, into the port file the run-as helper made, once the app answers;
+- writes that port, and nothing else, into the port file the run-as helper
+  made, once the app answers;
 - lets a connection through only when its first request carries the
   session's secret in ``X-Gpupool-Session-Secret``, which only gpupool's
   proxy and this job know; any other caller (another tenant's job on the same
   node included) gets 403 and never reaches the app;
+- relays the bytes between the proxy and the app in one hop, with splice(2)
+  where the job's Python has it (3.10+): the kernel moves them, the
+  interpreter only waits;
 - counts open WebSockets and the time of the last byte relayed, and answers
   ``GET /.gpupool-shim/status`` (with the secret) for gpupool's idle stop.
 
@@ -35,13 +39,11 @@ import hmac
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -49,11 +51,14 @@ SECRET_HEADER = "x-gpupool-session-secret"
 STATUS_PATH = "/.gpupool-shim/status"
 MAX_HEAD_BYTES = 64 * 1024
 HEAD_TIMEOUT_S = 30.0
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
+# What one splice(2) moves at most: the pipe between the two sockets is made this large where the kernel allows.
+PIPE_BYTES = 1024 * 1024
+F_SETPIPE_SZ = 1031
+SPLICE_F_MOVE = 1
 REFUSAL_BODY = b"gpupool session: this session's secret is missing or wrong\n"
 # EX_CONFIG: gpupool reads this exit code as "the node cannot keep the app private".
 NO_PRIVATE_NETWORK_EXIT = 78
-APP_SOCKET_NAME = "app.sock"
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS = 0x8913
@@ -109,7 +114,7 @@ def listen_in_range(host: str, low: int, high: int) -> socket.socket:
         except OSError:
             sock.close()
             continue
-        sock.listen(64)
+        sock.listen(128)
         return sock
     raise OSError(f"no free port in {low}-{high} on {host}")
 
@@ -152,14 +157,47 @@ def answer(conn: socket.socket, status: str, body: bytes, content_type: str = "t
     conn.sendall(head.encode("latin-1") + body)
 
 
+def _splice_relay(source: socket.socket, target: socket.socket, activity: Activity) -> None:
+    """Move bytes socket -> pipe -> socket inside the kernel until the source ends: no copy through Python."""
+    read_end, write_end = os.pipe()
+    try:
+        try:
+            import fcntl
+
+            fcntl.fcntl(write_end, F_SETPIPE_SZ, PIPE_BYTES)
+        except (OSError, ImportError):
+            pass  # a smaller pipe still works, in smaller steps
+        src, dst = source.fileno(), target.fileno()
+        while True:
+            moved = os.splice(src, write_end, PIPE_BYTES, flags=SPLICE_F_MOVE)  # type: ignore[attr-defined]
+            if moved == 0:
+                return
+            activity.touch()
+            while moved:
+                moved -= os.splice(read_end, dst, moved, flags=SPLICE_F_MOVE)  # type: ignore[attr-defined]
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _copy_relay(source: socket.socket, target: socket.socket, activity: Activity) -> None:
+    """The same for a Python without os.splice (before 3.10): one buffer, reused."""
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    while True:
+        count = source.recv_into(buffer)
+        if not count:
+            return
+        target.sendall(view[:count])
+        activity.touch()
+
+
+_relay_impl = _splice_relay if hasattr(os, "splice") and sys.platform.startswith("linux") else _copy_relay
+
+
 def relay(source: socket.socket, target: socket.socket, activity: Activity) -> None:
     try:
-        while True:
-            chunk = source.recv(CHUNK)
-            if not chunk:
-                break
-            target.sendall(chunk)
-            activity.touch()
+        _relay_impl(source, target, activity)
     except OSError:
         pass
     finally:
@@ -169,10 +207,20 @@ def relay(source: socket.socket, target: socket.socket, activity: Activity) -> N
             pass
 
 
+def has_body(headers: list[tuple[str, bytes]]) -> bool:
+    """Whether the request goes on past its head: a body (Content-Length, chunked) or an upgraded connection."""
+    for name, value in headers:
+        if name == "transfer-encoding":
+            return True
+        if name == "content-length" and value.strip() not in (b"", b"0"):
+            return True
+    return False
+
+
 class Shim:
-    def __init__(self, secret: bytes, app_socket: str, upstream_header: bytes | None, activity: Activity) -> None:
+    def __init__(self, secret: bytes, app_port: int, upstream_header: bytes | None, activity: Activity) -> None:
         self.secret = secret
-        self.app_socket = app_socket
+        self.app_port = app_port
         self.upstream_header = upstream_header
         self.upstream_header_name = (upstream_header or b"").partition(b":")[0].strip().decode("latin-1").lower()
         self.activity = activity
@@ -213,20 +261,24 @@ class Shim:
         lines = [request_line] + [name.encode("latin-1") + b": " + value for name, value in kept]
         if self.upstream_header is not None:
             lines.append(self.upstream_header)
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        upstream.settimeout(10)
-        upstream.connect(self.app_socket)
+        # Made in this process's network namespace, the app's: its 127.0.0.1 is the app's alone.
+        upstream = socket.create_connection(("127.0.0.1", self.app_port), timeout=10)
         upstream.settimeout(None)
+        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             upstream.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + rest)
             self.activity.touch()
             if upgrade:
                 self.activity.websocket(+1)
             try:
-                back = threading.Thread(target=relay, args=(upstream, conn, self.activity), daemon=True)
-                back.start()
-                relay(conn, upstream, self.activity)
-                back.join()
+                if upgrade or has_body(headers):
+                    onward = threading.Thread(target=relay, args=(conn, upstream, self.activity), daemon=True)
+                    onward.start()
+                    relay(upstream, conn, self.activity)
+                    onward.join()
+                else:
+                    # A request with no body has nothing more to send: the answer is all there is to relay.
+                    relay(upstream, conn, self.activity)
             finally:
                 if upgrade:
                     self.activity.websocket(-1)
@@ -248,7 +300,7 @@ class NoPrivateNetwork(Exception):
 
 def _unshare(flags: int) -> None:
     if hasattr(os, "unshare"):  # Python 3.12+
-        os.unshare(flags)
+        os.unshare(flags)  # type: ignore[attr-defined]
         return
     import ctypes  # only here: an image's Python may lack it, and then this node cannot isolate the app
 
@@ -261,8 +313,10 @@ def _unshare(flags: int) -> None:
 def enter_private_network() -> None:
     """Move this process into a new user and network namespace whose loopback only it and its children share.
 
-    The uid and gid map to themselves, so the app keeps the tenant's identity on
-    files; the capabilities the new namespace grants go at the app's exec.
+    The kernel allows a new user namespace to a single-threaded process only: this runs
+    before any thread starts. Sockets made before it (the listener) stay on the node's
+    network. The uid and gid map to themselves, so the app keeps the tenant's identity
+    on files; the capabilities the new namespace grants go at the app's exec.
     """
     uid, gid = os.getuid(), os.getgid()
     try:
@@ -287,30 +341,56 @@ def enter_private_network() -> None:
         raise NoPrivateNetwork(f"the new network namespace has interfaces {interfaces}, not just lo")
 
 
-def forward(listener: socket.socket, app_port: int) -> None:
-    """Inside the namespace: each connection on the Unix socket goes to the app's loopback port."""
-    while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=forward_one, args=(conn, app_port), daemon=True).start()
+def install_stop(child: subprocess.Popen) -> list[int]:
+    """Pass Slurm's SIGTERM (cancel, idle stop, time limit) on to the app; the shim ends when the app does.
+
+    The handler only forwards: the main thread is in ``child.wait()``, whose lock a wait
+    here could not take (that waited its whole timeout, 20 s, before every stop). An app
+    that ignores the signal gets Slurm's SIGKILL after KillWait. The signals received go
+    into the list returned, for the exit code.
+    """
+    received: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        received.append(signum)
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return received
 
 
-def forward_one(conn: socket.socket, app_port: int) -> None:
-    try:
-        with socket.create_connection(("127.0.0.1", app_port), timeout=10) as upstream:
-            upstream.settimeout(None)
-            unused = Activity()  # the shim outside counts activity
-            back = threading.Thread(target=relay, args=(upstream, conn, unused), daemon=True)
-            back.start()
-            relay(conn, upstream, unused)
-            back.join()
-    except OSError:
-        pass
-    finally:
-        conn.close()
+def write_port_file(path: str, port: int) -> None:
+    # The run-as helper made this file (tenant:service 0640): write into it, never replace it.
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"{port}\n")
 
 
-def run_inner(app_socket: str, command: list[str]) -> int:
-    """The app's side: a private network, the app on its loopback, the forwarder on the Unix socket."""
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--secret-file", required=True)
+    parser.add_argument("--port-file", required=True)
+    parser.add_argument("--ports", required=True, help="the operator's session port range, low-high")
+    parser.add_argument("--secret-env", help="also give the app the secret in this environment variable")
+    parser.add_argument("--upstream-header", help="a header added to each request to the app; {secret} is replaced")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the app's command after --")
+    with open(args.secret_file, "rb") as handle:
+        secret = handle.read().strip()
+    if len(secret) < 32:
+        print("gpupool session: the secret file holds no secret", file=sys.stderr)
+        return 2
+    low, high = parse_ports(args.ports)
+    # On the node's network, before leaving it: the name resolves and the listener binds there.
+    host = node_address()
+    listener = listen_in_range(host, low, high)
     try:
         enter_private_network()
     except NoPrivateNetwork as exc:
@@ -323,109 +403,26 @@ def run_inner(app_socket: str, command: list[str]) -> int:
         return NO_PRIVATE_NETWORK_EXIT
     app_port = free_loopback_port()
     env = dict(os.environ, GPUPOOL_APP_HOST="127.0.0.1", GPUPOOL_APP_PORT=str(app_port))
-    app = subprocess.Popen(command, env=env)
-    install_stop(app)
-    while not app_answers(app_port):
-        if app.poll() is not None:
-            print(f"gpupool session: the app exited with {app.returncode} before it answered", file=sys.stderr)
-            return app.returncode or 1
-        time.sleep(0.5)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(app_socket)  # in the 0700 folder the shim made: no other uid can even reach it
-    listener.listen(64)
-    threading.Thread(target=forward, args=(listener, app_port), daemon=True).start()
-    return app.wait()
-
-
-def install_stop(child: subprocess.Popen) -> None:
-    def stop(signum: int, _frame: object) -> None:
-        # Slurm's SIGTERM at cancel, idle stop or time limit: the child first, then this process.
-        child.send_signal(signum)
-        try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-        sys.exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-
-
-def app_socket_answers(path: str) -> bool:
-    if not os.path.exists(path):
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            sock.connect(path)
-            return True
-        except OSError:
-            return False
-
-
-def private_folder() -> str:
-    """A 0700 folder for the app's Unix socket, with a path short enough for one (108 bytes)."""
-    folder = tempfile.mkdtemp(prefix="gpupool-session-")
-    if len(folder) > 80:
-        os.rmdir(folder)
-        folder = tempfile.mkdtemp(prefix="gpupool-session-", dir="/tmp")
-    os.chmod(folder, 0o700)
-    return folder
-
-
-def write_port_file(path: str, port: int) -> None:
-    # The run-as helper made this file (tenant:service 0640): write into it, never replace it.
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"{port}\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--inner", metavar="SOCKET", help=argparse.SUPPRESS)  # the shim's own call, in the namespace
-    parser.add_argument("--secret-file")
-    parser.add_argument("--port-file")
-    parser.add_argument("--ports", help="the operator's session port range, low-high")
-    parser.add_argument("--secret-env", help="also give the app the secret in this environment variable")
-    parser.add_argument("--upstream-header", help="a header added to each request to the app; {secret} is replaced")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("give the app's command after --")
-    if args.inner:
-        return run_inner(args.inner, command)
-    if not (args.secret_file and args.port_file and args.ports):
-        parser.error("--secret-file, --port-file and --ports are required")
-    with open(args.secret_file, "rb") as handle:
-        secret = handle.read().strip()
-    if len(secret) < 32:
-        print("gpupool session: the secret file holds no secret", file=sys.stderr)
-        return 2
-    low, high = parse_ports(args.ports)
-    host = node_address()
-    listener = listen_in_range(host, low, high)
-    env = dict(os.environ)
     if args.secret_env:
         env[args.secret_env] = secret.decode()
     header = None
     if args.upstream_header:
         header = args.upstream_header.replace("{secret}", secret.decode()).encode("latin-1")
-    folder = private_folder()
-    try:
-        app_socket = os.path.join(folder, APP_SOCKET_NAME)
-        inner = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--inner", app_socket, "--", *command], env=env)
-        install_stop(inner)
-        while not app_socket_answers(app_socket):
-            if inner.poll() is not None:
-                return inner.returncode or 1
-            time.sleep(0.5)
-        shim = Shim(secret, app_socket, header, Activity())
-        threading.Thread(target=shim.serve, args=(listener,), daemon=True).start()
-        write_port_file(args.port_file, listener.getsockname()[1])
-        print(f"gpupool session: listening on {host}:{listener.getsockname()[1]}", flush=True)
-        return inner.wait()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    app = subprocess.Popen(command, env=env)  # the listener is not inherited (Python's sockets are close-on-exec)
+    stopped_by = install_stop(app)
+    while not app_answers(app_port):
+        if app.poll() is not None:
+            if stopped_by:
+                return 128 + stopped_by[0]
+            print(f"gpupool session: the app exited with {app.returncode} before it answered", file=sys.stderr)
+            return app.returncode or 1
+        time.sleep(0.2)
+    shim = Shim(secret, app_port, header, Activity())
+    threading.Thread(target=shim.serve, args=(listener,), daemon=True).start()
+    write_port_file(args.port_file, listener.getsockname()[1])
+    print(f"gpupool session: listening on {host}:{listener.getsockname()[1]}", flush=True)
+    code = app.wait()
+    return 128 + stopped_by[0] if stopped_by else code
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ kernel training with the browser closed keeps its session.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
+import hmac
 import http.client
 import json
 import logging
@@ -50,9 +52,14 @@ log = logging.getLogger("gpupool.sessions")
 LABEL_BYTES = 10
 SECRET_BYTES = 32
 GRANT_BYTES = 32
-MAX_GRANT_LENGTH = 64
+MAC_BYTES = 16
+# A grant's value: 43 characters of randomness, a dot, 22 of its MAC.
+MAX_GRANT_LENGTH = 96
 COOKIE_NAME = "gpupool_session_grant"
+# Over TLS the browser keeps a __Host- cookie to the one origin that set it: no sibling can set or shadow it.
+SECURE_COOKIE_NAME = "__Host-" + COOKIE_NAME
 OPEN_PATH = "/.gpupool/open"
+_MAC_LABEL = b"gpupool session grant v1"
 # What the port file may hold: a port and a newline. More is not read.
 _PORT_FILE_MAX = 16
 NO_PRIVATE_NETWORK_REASON = (
@@ -64,6 +71,32 @@ STARTING, READY, IDLE, ENDED = "starting", "ready", "idle", "ended"
 
 def _hash(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
+
+
+def grant_cookie_name(settings: Settings) -> str:
+    """The grant cookie's name: ``__Host-`` prefixed when the sessions are served over TLS."""
+    return SECURE_COOKIE_NAME if settings.sessions_url.startswith("https://") else COOKIE_NAME
+
+
+def _mac(settings: Settings, kind: str, label: str, nonce: str) -> str:
+    key = hmac.new(settings.session_proxy_key.encode(), _MAC_LABEL, hashlib.sha256).digest()
+    digest = hmac.new(key, f"{kind}|{label}|{nonce}".encode(), hashlib.sha256).digest()[:MAC_BYTES]
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def new_grant_value(settings: Settings, kind: str, label: str) -> str:
+    """A link's or a cookie's value: random, with a MAC of its kind and its session's label under a key of the service's."""
+    nonce = secrets.token_urlsafe(GRANT_BYTES)
+    return f"{nonce}.{_mac(settings, kind, label, nonce)}"
+
+
+def grant_value_signed(settings: Settings, kind: str, label: str, value: str) -> bool:
+    """Whether ``value`` is one gpupool made for this kind and session. Pure and cheap: a value that
+    is not (a guess, a flood of random cookies, another session's cookie) never reaches the database."""
+    if not 0 < len(value) <= MAX_GRANT_LENGTH or not 0 < len(label) <= 32:
+        return False
+    nonce, dot, mac = value.partition(".")
+    return bool(dot) and hmac.compare_digest(mac.encode(), _mac(settings, kind, label, nonce).encode())
 
 
 def port_range(settings: Settings) -> tuple[int, int]:
@@ -194,7 +227,7 @@ def session_view(settings: Settings, job: Job, record: JobSession, now: dt.datet
 def issue_link(db: Session, settings: Settings, record: JobSession, caller: Principal, now: dt.datetime) -> str:
     """A single-use link that sets the session's cookie on its own origin (the caller commits)."""
     db.execute(delete(SessionGrant).where(SessionGrant.expires_at <= now))
-    value = secrets.token_urlsafe(GRANT_BYTES)
+    value = new_grant_value(settings, LINK, record.label)
     db.add(
         SessionGrant(
             value_hash=_hash(value), kind=LINK, job_id=record.job_id, jti=caller.jti, created_at=now,
@@ -204,9 +237,11 @@ def issue_link(db: Session, settings: Settings, record: JobSession, caller: Prin
     return f"{session_origin(settings, record.label)}{OPEN_PATH}?link={value}"
 
 
-def _live_grant(db: Session, label: str, value: str, kind: str, now: dt.datetime) -> tuple[SessionGrant, JobSession, Job] | None:
+def _live_grant(
+    db: Session, settings: Settings, label: str, value: str, kind: str, now: dt.datetime
+) -> tuple[SessionGrant, JobSession, Job] | None:
     """The grant ``value`` of ``kind`` for the session at ``label``, if unexpired, unused (links), its token in good standing."""
-    if not 0 < len(value) <= MAX_GRANT_LENGTH or not 0 < len(label) <= 32:
+    if not grant_value_signed(settings, kind, label, value):
         return None
     row = db.execute(
         select(SessionGrant, JobSession, Job)
@@ -240,7 +275,7 @@ def redeem_link(db: Session, settings: Settings, label: str, value: str, now: dt
     The link is marked used in the same statement that checks it is unused, so two
     requests racing with one link get one cookie between them.
     """
-    found = _live_grant(db, label, value, LINK, now)
+    found = _live_grant(db, settings, label, value, LINK, now)
     if found is None:
         return None
     grant, _record, job = found
@@ -255,7 +290,7 @@ def redeem_link(db: Session, settings: Settings, label: str, value: str, now: dt
     if getattr(claimed, "rowcount", 0) != 1:
         db.rollback()
         return None
-    cookie = secrets.token_urlsafe(GRANT_BYTES)
+    cookie = new_grant_value(settings, COOKIE, label)
     db.add(
         SessionGrant(
             value_hash=_hash(cookie), kind=COOKIE, job_id=job.id, jti=grant.jti, created_at=now,
@@ -275,7 +310,7 @@ class Upstream:
 
 def authorize(db: Session, settings: Settings, label: str, cookie: str, now: dt.datetime) -> Upstream | None:
     """Where the proxy sends a request carrying ``cookie`` to the session at ``label``; None: 404 to the browser."""
-    found = _live_grant(db, label, cookie, COOKIE, now)
+    found = _live_grant(db, settings, label, cookie, COOKIE, now)
     if found is None:
         return None
     _grant, record, job = found

@@ -64,10 +64,10 @@ def cmd_sessions_sweep(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_proxy_config(settings: Settings, args: argparse.Namespace) -> int:
     if not settings.session_proxy_key:
         raise ConfigError("set session_proxy_key (GPUPOOL_SESSION_PROXY_KEY): nginx sends it to the API")
-    domain = settings.sessions_url.split("://", 1)[1].split(":", 1)[0]
+    scheme, _, rest = settings.sessions_url.partition("://")
     config = ProxyConfig(
-        sessions_domain=domain, api_url=args.api_url, public_api_url=args.public_api_url or args.api_url,
-        proxy_key=settings.session_proxy_key, listen=tuple(args.listen),
+        sessions_domain=rest.split(":", 1)[0], api_url=args.api_url, public_api_url=args.public_api_url or args.api_url,
+        proxy_key=settings.session_proxy_key, listen=tuple(args.listen), scheme=scheme,
     )
     if args.state_dir:
         print(standalone_nginx_conf(config, Path(args.state_dir)), end="")

@@ -2,7 +2,7 @@
 # Create the project's virtualenv with a Python >= 3.11 and install gpupool into it.
 # usage: bootstrap-venv.sh VENV_DIR [run|test]
 #   run   what `make run` needs: gpupool and ansible-core (the playbook runs from it),
-#         and nginx-light for the sessions' proxy
+#         and nginx-light with njs (libnginx-mod-http-js) for the sessions' proxy
 #   test  run's, plus the test tools `make test` needs: the dev extras, the
 #         customers' client, and Debian's chromium with its driver
 # Every install step stops the script on failure with the tool's own output and
@@ -84,6 +84,8 @@ pip_install() {
 # The sessions' reverse proxy: make run starts it on a loopback port, and the session
 # tests (tests/live/test_sessions.py) start their own; neither touches the system's nginx.
 [ -x /usr/sbin/nginx ] || apt_install nginx-light
+# njs: the proxy's filter of the apps' cookies (deploy/ansible/roles/gpupool_proxy/files/gpupool-sessions.js).
+[ -e /usr/lib/nginx/modules/ngx_http_js_module.so ] || apt_install libnginx-mod-http-js
 # `deploy`: ansible-core, which `make cluster` runs the playbook with.
 pip_install -e '.[deploy]'
 "$venv/bin/python" -c 'import gpupool, api, flask, sqlalchemy, ansible' ||

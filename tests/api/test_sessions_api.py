@@ -6,13 +6,21 @@ The proxied path itself (nginx, the shim, the app) is tests/live/test_sessions.p
 from __future__ import annotations
 
 import re
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
+from gpupool.models.sessions import COOKIE, LINK
+from gpupool.sessions import new_grant_value
 from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, create_app_for_tests
 
@@ -85,3 +93,114 @@ def test_the_proxys_endpoints_answer_only_the_proxy(client: FlaskClient, auth: d
     client.set_cookie("gpupool_session_grant", "not-a-grant")
     assert client.get("/session-proxy/auth", headers=proxy).status_code == 403  # nginx answers 404
     assert client.get("/session-proxy/open?link=not-a-link", headers=proxy).status_code == 404
+
+
+def label_of(client: FlaskClient, auth: dict[str, str], job_id: str) -> str:
+    return client.get(f"/jobs/{job_id}/session", headers=auth).get_json()["url"].split("//")[1].split(".")[0]
+
+
+def link_value(client: FlaskClient, auth: dict[str, str], job_id: str) -> str:
+    return client.get(f"/jobs/{job_id}/session", headers=auth).get_json()["link"].split("?link=")[1]
+
+
+def test_the_link_answers_a_page_of_the_sessions_origin_with_a_strict_host_only_cookie(
+    client: FlaskClient, auth: dict[str, str]
+) -> None:
+    """A redirect to / would lose the cookie: a Strict cookie goes on no request of a navigation another site began."""
+    job = submit_session(client, auth)
+    proxy = {"X-Gpupool-Proxy-Key": PROXY_KEY, "X-Gpupool-Session": label_of(client, auth, job["job_id"])}
+    opened = client.get(f"/session-proxy/open?link={link_value(client, auth, job['job_id'])}", headers=proxy)
+    assert opened.status_code == 200 and opened.mimetype == "text/html"
+    assert '<meta http-equiv="refresh" content="0; url=/">' in opened.get_data(as_text=True)
+    assert opened.headers["Cache-Control"] == "no-store" and opened.headers["Referrer-Policy"] == "no-referrer"
+    name, _, rest = opened.headers["Set-Cookie"].partition("=")
+    attributes = sorted(part.strip() for part in rest.split(";")[1:] if not part.strip().startswith(("Expires", "Max-Age")))
+    assert (name, attributes) == ("gpupool_session_grant", ["HttpOnly", "Path=/", "SameSite=Strict"])
+
+
+def test_over_tls_the_cookie_is_host_prefixed_and_secure(
+    settings: Settings, slurm: SlurmClient, session_factory: sessionmaker, account: str, auth: dict[str, str]
+) -> None:
+    """__Host-: the browser keeps it to the origin that set it, and no sibling's script can set one in its name."""
+    tls = settings.replace(session_proxy_key=PROXY_KEY, sessions_url="https://sessions.example.net")
+    client = create_app_for_tests(tls, slurm, session_factory).test_client()
+    job = submit_session(client, auth)
+    proxy = {"X-Gpupool-Proxy-Key": PROXY_KEY, "X-Gpupool-Session": label_of(client, auth, job["job_id"])}
+    opened = client.get(f"/session-proxy/open?link={link_value(client, auth, job['job_id'])}", headers=proxy)
+    name, _, rest = opened.headers["Set-Cookie"].partition("=")
+    cookie = rest.split(";")[0]
+    attributes = sorted(part.strip() for part in rest.split(";")[1:] if not part.strip().startswith(("Expires", "Max-Age")))
+    assert (name, attributes) == ("__Host-gpupool_session_grant", ["HttpOnly", "Path=/", "SameSite=Strict", "Secure"])
+    # Only that name counts: the same value under the plain name is no cookie at all (sign in).
+    client.delete_cookie("__Host-gpupool_session_grant")
+    client.set_cookie("gpupool_session_grant", cookie)
+    assert client.get("/session-proxy/auth", headers=proxy).status_code == 401
+    client.set_cookie("__Host-gpupool_session_grant", cookie)
+    assert client.get("/session-proxy/auth", headers=proxy).status_code in (204, 403)  # 403 while the job starts
+
+
+@contextmanager
+def statements_run(connection: Connection) -> Iterator[list[str]]:
+    """Every SQL statement sent through the test's database connection while the block runs."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        # The test's rolled-back transaction wraps each request's in a savepoint: those read nothing.
+        if not re.match(r"(RELEASE |ROLLBACK TO )?SAVEPOINT ", statement):
+            seen.append(statement)
+
+    event.listen(connection, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(connection, "before_cursor_execute", record)
+
+
+def test_made_up_cookies_and_links_cost_the_database_nothing(
+    client: FlaskClient, auth: dict[str, str], settings: Settings, db_connection: Connection
+) -> None:
+    """A flood of made-up cookies and links (or another session's) is refused on its MAC, before any query;
+    every answer says how long nginx keeps it (X-Accel-Expires), refusals included."""
+    mine, other = submit_session(client, auth), submit_session(client, auth)
+    label, other_label = label_of(client, auth, mine["job_id"]), label_of(client, auth, other["job_id"])
+    proxy = {"X-Gpupool-Proxy-Key": PROXY_KEY, "X-Gpupool-Session": label}
+    other_proxy = {**proxy, "X-Gpupool-Session": other_label}
+    opened = client.get(f"/session-proxy/open?link={link_value(client, auth, other['job_id'])}", headers=other_proxy)
+    other_cookie = opened.headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    client.delete_cookie("gpupool_session_grant")
+    keyed, rekeyed = settings.replace(session_proxy_key=PROXY_KEY), settings.replace(session_proxy_key="another-" + "x" * 30)
+    made_up = [secrets.token_urlsafe(32), secrets.token_urlsafe(32) + "." + secrets.token_urlsafe(16), "x" * 200]
+    cookies = [
+        *made_up,
+        # Made for this session, but as a link, or under another key; a real cookie, of the other session.
+        new_grant_value(keyed, LINK, label), new_grant_value(rekeyed, COOKIE, label), other_cookie,
+    ]
+    links = [*made_up, new_grant_value(keyed, COOKIE, label), new_grant_value(rekeyed, LINK, label)]
+    with statements_run(db_connection) as statements:
+        for value in cookies * 10:
+            client.set_cookie("gpupool_session_grant", value)
+            refused = client.get("/session-proxy/auth", headers=proxy)
+            assert refused.status_code == 403 and refused.headers["X-Accel-Expires"] == "5"
+        for value in links * 10:
+            assert client.get(f"/session-proxy/open?link={value}", headers=proxy).status_code == 404
+    assert statements == []
+    # The other session's own cookie, at its own origin, is looked up.
+    client.set_cookie("gpupool_session_grant", other_cookie)
+    with statements_run(db_connection) as statements:
+        answer = client.get("/session-proxy/auth", headers=other_proxy)
+    assert answer.status_code in (204, 403) and answer.headers["X-Accel-Expires"] == "5" and statements
+
+
+def test_two_grant_cookies_are_refused(client: FlaskClient, auth: dict[str, str]) -> None:
+    """nginx answers such a request 400 before asking; the API, asked anyway, refuses it too."""
+    job = submit_session(client, auth)
+    label = label_of(client, auth, job["job_id"])
+    proxy = {"X-Gpupool-Proxy-Key": PROXY_KEY, "X-Gpupool-Session": label}
+    opened = client.get(f"/session-proxy/open?link={link_value(client, auth, job['job_id'])}", headers=proxy)
+    cookie = opened.headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    # A client without a cookie jar of its own, to send the header as given.
+    raw = client.application.test_client(use_cookies=False)
+    both = {**proxy, "Cookie": f"gpupool_session_grant={cookie}; gpupool_session_grant={cookie}"}
+    assert raw.get("/session-proxy/auth", headers=both).status_code == 403
+    one = {**proxy, "Cookie": f"theme=dark; gpupool_session_grant={cookie}"}
+    assert raw.get("/session-proxy/auth", headers=one).status_code in (204, 403)

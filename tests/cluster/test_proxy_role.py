@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.proxy import ProxyConfig, standalone_nginx_conf
+from gpupool.proxy import JS, ProxyConfig, standalone_nginx_conf
 from tests.cluster.ansible_run import RECAP_LINE, ansible_env, venv_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,9 @@ PLAYBOOK = """---
     gpupool_proxy_conf: {conf}
     gpupool_proxy_conf_group: root
     gpupool_proxy_key: {key}
-    gpupool_proxy_sessions_domain: sessions.example.com
+    gpupool_proxy_sessions_domain: {domain}
+    gpupool_proxy_js: {js}
+    gpupool_proxy_auth_cache_dir: {cache}
     gpupool_proxy_listen: ["127.0.0.1:{port}"]
     gpupool_proxy_api_url: http://127.0.0.1:8000
     gpupool_proxy_public_api_url: https://gpupool.example.com
@@ -45,11 +47,24 @@ PLAYBOOK = """---
 """
 
 
-def run(playbook: Path) -> tuple[int, str]:
-    completed = subprocess.run(
+def write_playbook(tmp_path: Path, *, key: str = KEY, domain: str = "sessions.example.net") -> Path:
+    playbook = tmp_path / "proxy.yml"
+    playbook.write_text(PLAYBOOK.format(
+        conf=tmp_path / "conf.d" / "gpupool-sessions.conf", key=key, port=18443, domain=domain,
+        js=tmp_path / "gpupool-sessions.js", cache=tmp_path / "state" / "auth-cache",
+    ))
+    return playbook
+
+
+def apply(playbook: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(venv_tool("ansible-playbook")), "-i", "localhost,", str(playbook)],
         cwd=ANSIBLE_DIR, env=ansible_env(ANSIBLE_DIR), capture_output=True, text=True, timeout=300, check=False,
     )
+
+
+def run(playbook: Path) -> tuple[int, str]:
+    completed = apply(playbook)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output
     recap = [match for match in RECAP_LINE.finditer(output) if match["host"] == "localhost"]
@@ -60,15 +75,16 @@ def run(playbook: Path) -> tuple[int, str]:
 def test_the_role_renders_a_config_nginx_accepts_and_converges(tmp_path: Path) -> None:
     conf = tmp_path / "conf.d" / "gpupool-sessions.conf"
     conf.parent.mkdir()
-    playbook = tmp_path / "proxy.yml"
-    playbook.write_text(PLAYBOOK.format(conf=conf, key=KEY, port=18443))
+    playbook = write_playbook(tmp_path)
     first, output = run(playbook)
-    assert first == 1, output
+    assert first == 2, output
     assert conf.stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "gpupool-sessions.js").read_text() == JS.read_text()
     # The role's file is the one `gpupool proxy nginx-config` prints for the same values.
     config = ProxyConfig(
-        sessions_domain="sessions.example.com", api_url="http://127.0.0.1:8000",
+        sessions_domain="sessions.example.net", api_url="http://127.0.0.1:8000",
         public_api_url="https://gpupool.example.com", proxy_key=KEY, listen=("127.0.0.1:18443",),
+        js_path=str(tmp_path / "gpupool-sessions.js"),
     )
     whole = standalone_nginx_conf(config, tmp_path / "state")
     assert conf.read_text() in whole
@@ -85,12 +101,16 @@ def test_the_role_renders_a_config_nginx_accepts_and_converges(tmp_path: Path) -
 
 
 def test_the_role_refuses_a_missing_key(tmp_path: Path) -> None:
-    playbook = tmp_path / "proxy.yml"
-    playbook.write_text(PLAYBOOK.format(conf=tmp_path / "x.conf", key='""', port=18443))
-    completed = subprocess.run(
-        [str(venv_tool("ansible-playbook")), "-i", "localhost,", str(playbook)],
-        cwd=ANSIBLE_DIR, env=ansible_env(ANSIBLE_DIR), capture_output=True, text=True, timeout=300, check=False,
-    )
+    completed = apply(write_playbook(tmp_path, key='""'))
     assert completed.returncode != 0
     assert "Set gpupool_proxy_key" in completed.stdout
-    assert not (tmp_path / "x.conf").exists()
+    assert not (tmp_path / "conf.d").exists()
+
+
+def test_the_role_refuses_sessions_on_the_apis_site(tmp_path: Path) -> None:
+    """sessions.example.com beside gpupool.example.com: a session's script could set cookies for example.com."""
+    completed = apply(write_playbook(tmp_path, domain="sessions.example.com"))
+    assert completed.returncode != 0
+    assert "is the same site (example.com) as the API's host 'gpupool.example.com'" in completed.stdout, completed.stdout
+    assert "a registrable domain of their own" in completed.stdout
+    assert not (tmp_path / "conf.d").exists()

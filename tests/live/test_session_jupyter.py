@@ -5,7 +5,10 @@ production would use an image; the shipped `jupyter` template runs it with
 its bin folder first on PATH and nothing else changed. In the browser: sign
 in, open the session from the job page, and from JupyterLab's own page run
 code in a new kernel over its WebSocket, which prints the job's SLURM_JOB_ID
-and the GPUs Slurm gave it.
+and the GPUs Slurm gave it. Then a page of another tenant's session, in the
+same browser, tries JupyterLab's terminal API and a kernel's WebSocket with
+the customer's own cookie (the shim's token makes jupyter_server skip its own
+Origin and XSRF checks, so nginx's are the ones that hold).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 browser = test_browser.browser
 api_and_proxy = test_sessions.api_and_proxy
 queue_of_its_own = test_sessions.queue_of_its_own
+app_dir = test_sessions.app_dir
 
 JUPYTER_VENV = Path("/var/tmp/gpupool-test-jupyterlab")
 # Runs in JupyterLab's page: a kernel, and one execute_request over the kernel's WebSocket.
@@ -66,6 +70,36 @@ const code = arguments[0];
 })().catch((error) => done('error: ' + error));
 """
 CELL = "import os; print(os.environ['SLURM_JOB_ID'], os.environ.get('SLURM_GPUS_ON_NODE'))"
+# Run on JupyterLab's own page: its terminals, and (with arguments[0]) a new one.
+TERMINALS = """
+const done = arguments[arguments.length - 1];
+(async () => {
+  if (arguments[0]) {
+    const made = await fetch('/api/terminals', {method: 'POST'});
+    if (!made.ok) { done('terminal: HTTP ' + made.status); return; }
+  }
+  const listed = await fetch('/api/terminals');
+  done((await listed.json()).map((terminal) => terminal.name));
+})().catch((error) => done('error: ' + error));
+"""
+# Run on a page of another session: JupyterLab's terminal API and a kernel's WebSocket, with the browser's cookie.
+FROM_A_SIBLING = """
+const done = arguments[arguments.length - 1];
+const [target, kernel] = [arguments[0], arguments[1]];
+const out = {};
+(async () => {
+  try {
+    await fetch(target + '/api/terminals', {method: 'POST', credentials: 'include', mode: 'no-cors'});
+    out.post = 'sent';
+  } catch (error) { out.post = 'network error'; }
+  out.ws = await new Promise((resolve) => {
+    const socket = new WebSocket(target.replace('http:', 'ws:') + '/api/kernels/' + kernel + '/channels');
+    socket.onopen = () => { socket.close(); resolve('open'); };
+    socket.onerror = () => resolve('refused');
+  });
+  done(out);
+})().catch((error) => done({error: String(error)}));
+"""
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +136,16 @@ def jupyter_ports(job_dir: Path) -> set[int]:
 
 def test_jupyterlab_through_the_proxy_in_chromium(
     api_and_proxy: tuple[Server, Proxy], browser: WebDriver, live_settings: Settings, slurm_account: str, tenant_b: str,
+    app_dir: Path,
 ) -> None:
     server, proxy = api_and_proxy
     token = recorded_token(live_settings, slurm_account, sub=f"j-{secrets.token_hex(3)}")
     submitted = http("POST", server.url + "/submit", token=token, body={"template": "jupyter", "gpus": 1})
     assert submitted.status == 201, submitted.body
     job_id = submitted.body["job_id"]
+    # Another account's web app, started meanwhile: its page is the hostile one below.
+    other_token = recorded_token(live_settings, tenant_b, sub=f"o-{secrets.token_hex(3)}")
+    [other] = test_sessions.start_sessions(server, app_dir, [other_token])
     wait_for(
         lambda: http("GET", f"{server.url}/jobs/{job_id}/session", token=token).body["state"] == "ready",
         timeout_s=300, interval_s=2, what="JupyterLab to be ready",
@@ -137,6 +175,28 @@ def test_jupyterlab_through_the_proxy_in_chromium(
     printed = browser.execute_async_script(RUN_CELL, CELL)
     # The job's id and the one GPU Slurm gave it (the emulated GPUs set no CUDA_VISIBLE_DEVICES).
     assert printed.split() == [str(job["slurm_job_id"]), "1"], printed
+
+    # A page of another tenant's session, in this browser (lured there by its bearer link), posts to this
+    # JupyterLab's terminal API and opens a kernel's WebSocket: the browser sends the customer's cookie
+    # (same site), nginx refuses both, and no terminal exists; from JupyterLab's own page the same POST works.
+    jupyter_origin = browser.execute_script("return location.origin")
+    [kernel] = browser.execute_async_script("const done = arguments[0]; fetch('/api/kernels').then((r) => r.json())"
+                                            ".then((kernels) => done(kernels.map((k) => k.id)))")
+    assert browser.execute_async_script(TERMINALS, False) == []
+    browser.get(test_sessions.fresh_link(server, other_token, other))
+    other_origin = f"http://{proxy.host(test_sessions.label_of(other))}"
+    wait_for(lambda: browser.current_url == other_origin + "/", timeout_s=30, what="the other session's app")
+    attacked = browser.execute_async_script(FROM_A_SIBLING, jupyter_origin, kernel)
+    assert attacked["ws"] == "refused", attacked
+    browser.get(jupyter_origin + "/lab")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".jp-LabShell"), timeout_s=120, what="JupyterLab again")
+    assert browser.execute_async_script(TERMINALS, False) == []
+    # nginx's answers: the sibling's POST 403; of the kernel's two WebSockets, JupyterLab's own 101, the sibling's 403.
+    log = (proxy.state_dir / "access.log").read_text().splitlines()
+    posts = [line.split('" ')[1].split()[0] for line in log if "POST /api/terminals" in line]
+    sockets = sorted(line.split('" ')[1].split()[0] for line in log if f"/api/kernels/{kernel}/channels" in line)
+    assert (posts, sockets) == (["403"], ["101", "403"]), (posts, sockets)
+    assert len(browser.execute_async_script(TERMINALS, True)) == 1
 
     # JupyterLab's own port is on the loopback of the job's private network namespace: another tenant
     # on the node, trying it on the node's 127.0.0.1, finds nothing there (and JupyterLab wants its token too).

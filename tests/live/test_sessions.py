@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import http.client as httpclient
 import io
@@ -27,8 +28,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy import text
 
 from gpupool import db
@@ -37,6 +41,7 @@ from gpupool.proc import run_command
 from gpupool.proxy import ProxyConfig, standalone_nginx_conf
 from gpupool.sessions import COOKIE_NAME, node_address, shim_status
 from tests.conftest import recorded_token, sacct_row, wait_for
+from tests.live import test_browser
 from tests.live.conftest import Server, http
 from tests.support.gpu_exporter import serve_exporter
 from tests.support.http import as_service_user_argv, free_port
@@ -44,6 +49,8 @@ from tests.support.services import TENANT_PREFIX, cancel_account_jobs, slurm_cmd
 from tests.support.tenancy import ensure_service_user
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# Headless Chromium, from the browser tests next door.
+browser = test_browser.browser
 
 NGINX = Path("/usr/sbin/nginx")
 PROXY_KEY = "proxy-key-" + "p" * 40
@@ -51,15 +58,24 @@ GPUPOOL = Path(sys.executable).parent / "gpupool"
 GPUPOOL_CLIENT = Path(sys.executable).parent / "gpupool-client"
 # The test's own app: it says which job it runs in and whether the secret reached it, and echoes WebSocket frames.
 APP = r'''
-import base64, hashlib, json, os, struct
+import base64, hashlib, json, os, struct, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+SEEN = []
+SEEN_LOCK = threading.Lock()
+# What an app may set: a cookie of its own origin (kept); what nginx drops: a wider Domain, gpupool's names.
+TOSSED = ["kept=1; Path=/", "tossed=1; Domain=sessions.localhost; Path=/", "gpupool_session_grant=evil; Path=/",
+          "gpupool_session=evil; Path=/", "__Host-gpupool_session_grant=evil; Secure; Path=/"]
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
+        with SEEN_LOCK:
+            SEEN.append(self.command + " " + self.path)
         if self.headers.get("Upgrade", "").lower() == "websocket":
             return self.echo()
+        if self.path == "/seen":
+            return self.reply(json.dumps(SEEN).encode())
         body = json.dumps({
             "path": self.path,
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -67,8 +83,18 @@ class Handler(BaseHTTPRequestHandler):
             "cookie": self.headers.get("Cookie"),
             "host": self.headers.get("Host"),
         }).encode()
+        self.reply(body, TOSSED if self.path == "/toss" else [])
+
+    def do_POST(self):
+        with SEEN_LOCK:
+            SEEN.append(self.command + " " + self.path)
+        self.reply(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+
+    def reply(self, body, cookies=()):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        for cookie in cookies:
+            self.send_header("Set-Cookie", cookie)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -79,6 +105,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Upgrade", "websocket")
         self.send_header("Connection", "Upgrade")
         self.send_header("Sec-WebSocket-Accept", accept)
+        self.send_header("Set-Cookie", "wstossed=1; Domain=sessions.localhost; Path=/")
         self.end_headers()
         self.wfile.flush()
         while True:
@@ -125,14 +152,17 @@ class Answer:
         return json.loads(self.body)
 
 
-def through_proxy(proxy: Proxy, host: str, path: str, *, cookie: str | None = None, headers: dict[str, str] | None = None) -> Answer:
-    """A GET to nginx with the session's host name, as a browser sends it."""
+def through_proxy(
+    proxy: Proxy, host: str, path: str, *, cookie: str | None = None, headers: dict[str, str] | None = None,
+    method: str = "GET", body: bytes | None = None,
+) -> Answer:
+    """A request to nginx with the session's host name, as a browser sends it (a GET unless told)."""
     conn = httpclient.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
     try:
         sent = {"Host": host, **(headers or {})}
         if cookie is not None:
             sent["Cookie"] = f"{COOKIE_NAME}={cookie}"
-        conn.request("GET", path, headers=sent)
+        conn.request(method, path, body=body, headers=sent)
         reply = conn.getresponse()
         return Answer(reply.status, reply.headers, reply.read())
     finally:
@@ -148,17 +178,23 @@ def cookie_from(answer: Answer) -> str:
     name, _, rest = set_cookie.partition("=")
     assert name == COOKIE_NAME, set_cookie
     attributes = [part.strip().lower() for part in rest.split(";")[1:]]
-    assert "httponly" in attributes and "path=/" in attributes, set_cookie
+    assert "httponly" in attributes and "path=/" in attributes and "samesite=strict" in attributes, set_cookie
     assert not any(part.startswith("domain=") for part in attributes), set_cookie  # this origin alone
     return rest.split(";", 1)[0]
 
 
-def websocket_echo(proxy: Proxy, host: str, cookie: str, message: bytes) -> tuple[int, bytes]:
-    """Open a WebSocket through nginx, send one masked frame, read the answer frame: (HTTP status, payload)."""
+def websocket_echo(
+    proxy: Proxy, host: str, cookie: str, message: bytes, *, origin: str | None = None, heads: list[bytes] | None = None
+) -> tuple[int, bytes]:
+    """Open a WebSocket through nginx, send one masked frame, read the answer frame: (HTTP status, payload).
+
+    Sent as a browser sends it from the session's own page (its Origin), unless ``origin`` says
+    another; the answer's head goes into ``heads`` when given."""
     key = base64.b64encode(secrets.token_bytes(16)).decode()
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
         sock.sendall(
             (f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             f"Origin: {origin or 'http://' + host}\r\n"
              f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nCookie: {COOKIE_NAME}={cookie}\r\n\r\n").encode()
         )
         head = b""
@@ -167,6 +203,8 @@ def websocket_echo(proxy: Proxy, host: str, cookie: str, message: bytes) -> tupl
             if not chunk:
                 break
             head += chunk
+        if heads is not None:
+            heads.append(head)
         status = int(head.split(b" ", 2)[1])
         if status != 101:
             return status, b""
@@ -220,22 +258,17 @@ def session_templates_dir() -> str | None:
     return None
 
 
-@pytest.fixture
-def api_and_proxy(start_server: Callable[..., Server], session_templates_dir: str | None) -> Iterator[tuple[Server, Proxy]]:
+def start_proxy(server: Server, **limits: int) -> Proxy:
+    """nginx with the role's config for this server, as the unprivileged service user, on a port of its own."""
     if not NGINX.exists():
         pytest.fail("nginx is missing: `make venv-test` installs nginx-light (deploy/local/bootstrap-venv.sh)")
-    port = free_port()
+    port = int(server.env["GPUPOOL_SESSIONS_URL"].rsplit(":", 1)[1]) if not limits else free_port()
     domain = "sessions.localhost"
-    extra = {} if session_templates_dir is None else {"templates_dir": session_templates_dir}
-    server = start_server(
-        session_proxy_key=PROXY_KEY, sessions_url=f"http://{domain}:{port}", session_ports="20000-29999",
-        webhook_allow_cidrs="127.0.0.0/8", **extra,
-    )
     user = ensure_service_user()
     state_dir = Path(tempfile.mkdtemp(prefix="gpupool-nginx-", dir="/var/tmp"))
     config = ProxyConfig(
         sessions_domain=domain, api_url=server.url, public_api_url=server.url, proxy_key=PROXY_KEY,
-        listen=(f"127.0.0.1:{port}",),
+        listen=(f"127.0.0.1:{port}",), **limits,
     )
     (state_dir / "nginx.conf").write_text(standalone_nginx_conf(config, state_dir))
     for path in [state_dir, *state_dir.rglob("*")]:
@@ -256,10 +289,26 @@ def api_and_proxy(start_server: Callable[..., Server], session_templates_dir: st
             return False
 
     wait_for(listening, timeout_s=30, what="nginx to listen")
+    return proxy
+
+
+def stop_proxy(proxy: Proxy) -> None:
+    os.killpg(proxy.process.pid, signal.SIGTERM)
+    proxy.process.wait(timeout=15)
+    shutil.rmtree(proxy.state_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def api_and_proxy(start_server: Callable[..., Server], session_templates_dir: str | None) -> Iterator[tuple[Server, Proxy]]:
+    port = free_port()
+    extra = {} if session_templates_dir is None else {"templates_dir": session_templates_dir}
+    server = start_server(
+        session_proxy_key=PROXY_KEY, sessions_url=f"http://sessions.localhost:{port}", session_ports="20000-29999",
+        webhook_allow_cidrs="127.0.0.0/8", **extra,
+    )
+    proxy = start_proxy(server)
     yield server, proxy
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(timeout=15)
-    shutil.rmtree(state_dir, ignore_errors=True)
+    stop_proxy(proxy)
 
 
 def start_session(server: Server, token: str, app_dir: Path, **extra: object) -> dict:
@@ -301,10 +350,11 @@ def test_webapp_session_through_nginx(
     assert unsigned.status == 302, (unsigned.status, unsigned.body, proxy.log())
     assert unsigned.headers["Location"] == f"{server.url}/ui/sessions/{label}/open"
 
-    # The single-use link sets the cookie of this origin alone, once.
+    # The single-use link sets the cookie of this origin alone, once, and a page of this origin goes on to /
+    # (a redirect would not: a Strict cookie goes on no request of a navigation another site began).
     link = path_of(session["link"])
     opened = through_proxy(proxy, host, link)
-    assert opened.status == 303 and opened.headers["Location"] == "/", (opened.status, opened.body)
+    assert opened.status == 200 and b'<meta http-equiv="refresh" content="0; url=/">' in opened.body, (opened.status, opened.body)
     cookie = cookie_from(opened)
     again = through_proxy(proxy, host, link)
     assert again.status == 404 and "Set-Cookie" not in again.headers
@@ -320,9 +370,12 @@ def test_webapp_session_through_nginx(
         "path": "/some/path?x=1", "slurm_job_id": str(job["slurm_job_id"]), "secret_seen": None, "host": host, "cookie": "app=1; theme=dark",
     }
 
-    # A WebSocket through the proxy, checked like every request; the shim counts it while open.
-    status, echoed = websocket_echo(proxy, host, cookie, b"hello over ws")
+    # A WebSocket through the proxy, checked like every request; the shim counts it while open. The app's
+    # handshake sets a cookie for the whole sessions domain: nginx drops it.
+    heads: list[bytes] = []
+    status, echoed = websocket_echo(proxy, host, cookie, b"hello over ws", heads=heads)
     assert (status, echoed) == (101, b"echo:hello over ws")
+    assert b"wstossed" not in heads[0] and b"set-cookie" not in heads[0].lower(), heads
     assert websocket_echo(proxy, host, "not-a-cookie", b"x")[0] == 404
 
     # Another account: its token gets the API's 404, its own session's cookie the proxy's 404,
@@ -338,6 +391,41 @@ def test_webapp_session_through_nginx(
     # The other account's link does not open this session either.
     fresh_other = http("GET", f"{server.url}/jobs/{other['job_id']}/session", token=other_token).body
     assert through_proxy(proxy, host, path_of(fresh_other["link"])).status == 404
+
+    # The browser's headers on requests a page of the other session (a sibling: same site) sends here with
+    # this session's own cookie: nginx refuses each before gpupool is asked, and the app never hears of them.
+    own, sibling = f"http://{host}", f"http://{proxy.host(label_of(other))}"
+    posted = through_proxy(proxy, host, "/own-post", cookie=cookie, method="POST", body=b"mine", headers={"Origin": own, "Sec-Fetch-Site": "same-origin"})
+    assert (posted.status, posted.body) == (200, b"mine")
+    refused = [
+        through_proxy(proxy, host, "/sibling-post", cookie=cookie, method="POST", body=b"x", headers={"Origin": sibling, "Sec-Fetch-Site": "same-site"}),
+        through_proxy(proxy, host, "/sibling-post-no-fetch-site", cookie=cookie, method="POST", body=b"x", headers={"Origin": sibling}),
+        through_proxy(proxy, host, "/no-origin-put", cookie=cookie, method="PUT", body=b"x"),
+        through_proxy(proxy, host, "/sibling-get", cookie=cookie, headers={"Sec-Fetch-Site": "same-site"}),
+    ]
+    assert [answer.status for answer in refused] == [403] * 4, [(a.status, a.body) for a in refused]
+    assert refused[0].json()["error"] == "cross_origin" and "its own pages" in refused[0].json()["message"]
+    assert websocket_echo(proxy, host, cookie, b"x", origin=sibling)[0] == 403
+    seen = through_proxy(proxy, host, "/seen", cookie=cookie).json()
+    assert "POST /own-post" in seen and not [line for line in seen if "sibling" in line or "no-origin" in line], seen
+
+    # An app's cookies for a wider domain, or in gpupool's names, never reach the browser; its own do.
+    tossing = through_proxy(proxy, proxy.host(label_of(other)), "/toss", cookie=other_cookie)
+    assert tossing.status == 200 and tossing.headers.get_all("Set-Cookie") == ["kept=1; Path=/"], tossing.headers.get_all("Set-Cookie")
+    # Two grant cookies (one a sibling's script set for the parent domain): a 400 that says so, whatever their order.
+    for pair in (f"{COOKIE_NAME}={cookie}; {COOKIE_NAME}=tossed", f"{COOKIE_NAME}=tossed; theme=dark; {COOKIE_NAME}={cookie}"):
+        twice = through_proxy(proxy, host, "/", headers={"Cookie": pair})
+        assert twice.status == 400 and twice.json()["error"] == "duplicate_cookie", (twice.status, twice.body)
+
+    # A flood from one address is cut at nginx (here an nginx of this server with small limits): 429, JSON.
+    strict = start_proxy(server, rate_per_s=1, burst=5, link_rate_per_min=1, link_burst=2)
+    try:
+        flood = [through_proxy(strict, strict.host(label), "/", cookie=secrets.token_urlsafe(32)) for _ in range(40)]
+        links = [through_proxy(strict, strict.host(label), "/.gpupool/open?link=made-up") for _ in range(10)]
+    finally:
+        stop_proxy(strict)
+    assert {answer.status for answer in flood} == {404, 429} and {answer.status for answer in links} == {404, 429}
+    assert flood[-1].json() == {"error": "rate_limited", "message": "too many requests to the sessions from your address; try again in a moment"}
 
     # From the other tenant's uid on the same node, straight to the session's port: the shim's refusal.
     address = node_address(job["node"])
@@ -366,6 +454,127 @@ def test_webapp_session_through_nginx(
 
     # nginx's endpoints are closed to anyone without the proxy's key.
     assert http("GET", server.url + "/session-proxy/auth", headers={"X-Gpupool-Session": label, "Cookie": f"{COOKIE_NAME}={cookie}"}).status == 404
+
+
+# Run on a session's own page: a write and a WebSocket of its own, which go through.
+OWN_PAGE_SCRIPT = """
+const done = arguments[arguments.length - 1];
+const out = {};
+(async () => {
+  const posted = await fetch('/own-post', {method: 'POST', body: 'mine'});
+  out.post = posted.status + ' ' + await posted.text();
+  out.ws = await new Promise((resolve) => {
+    const ws = new WebSocket(`ws://${location.host}/own-ws`);
+    ws.onopen = () => ws.send('hi');
+    ws.onmessage = (event) => { ws.close(); resolve(event.data); };
+    ws.onerror = () => resolve('refused');
+  });
+  done(out);
+})().catch((error) => done({error: String(error)}));
+"""
+# Run on a page of another session (arguments[0] is the target's origin): what a hostile app's page would try.
+SIBLING_PAGE_SCRIPT = """
+const done = arguments[arguments.length - 1];
+const target = arguments[0];
+const out = {};
+(async () => {
+  try {
+    await fetch(target + '/sibling-post', {method: 'POST', body: 'x', credentials: 'include', mode: 'no-cors'});
+    out.post = 'sent';
+  } catch (error) { out.post = 'network error'; }
+  try { await fetch(target + '/sibling-get', {credentials: 'include', mode: 'no-cors'}); } catch (error) {}
+  out.ws = await new Promise((resolve) => {
+    const ws = new WebSocket(target.replace('http:', 'ws:') + '/sibling-ws');
+    ws.onopen = () => { ws.close(); resolve('open'); };
+    ws.onerror = () => resolve('refused');
+  });
+  done(out);
+})().catch((error) => done({error: String(error)}));
+"""
+
+
+def page_json(browser: WebDriver) -> Any:
+    return json.loads(browser.find_element(By.TAG_NAME, "body").text)
+
+
+def test_a_page_of_one_session_reaches_no_other_session_in_chromium(
+    api_and_proxy: tuple[Server, Proxy], browser: WebDriver, live_settings: Settings, slurm_account: str, tenant_b: str,
+    app_dir: Path,
+) -> None:
+    """A tenant lures a customer of another account to its own session (links are bearer links): its page
+    then tries the customer's session with the customer's own cookie, which the browser sends (same site)."""
+    server, proxy = api_and_proxy
+    victim_token = recorded_token(live_settings, slurm_account, sub=f"v-{secrets.token_hex(3)}")
+    attacker_token = recorded_token(live_settings, tenant_b, sub=f"a-{secrets.token_hex(3)}")
+    victim, attacker = start_sessions(server, app_dir, [victim_token, attacker_token])
+    victim_origin, attacker_origin = (f"http://{proxy.host(label_of(session))}" for session in (victim, attacker))
+
+    # The customer opens their session: the link's page, then the app, with the SameSite=Strict cookie.
+    browser.get(fresh_link(server, victim_token, victim))
+    wait_for(lambda: browser.current_url == victim_origin + "/", timeout_s=30, what="the session's app after its link")
+    assert page_json(browser)["path"] == "/" and page_json(browser)["cookie"] is None
+    browser.set_script_timeout(30)
+    assert browser.execute_async_script(OWN_PAGE_SCRIPT) == {"post": "200 mine", "ws": "echo:hi"}
+
+    # Lured to the tenant's session, whose app sets cookies for every session and in gpupool's names:
+    # only its own origin's cookie stays (and the grant), nor did the WebSocket handshake's wider one.
+    browser.get(fresh_link(server, attacker_token, attacker))
+    wait_for(lambda: browser.current_url == attacker_origin + "/", timeout_s=30, what="the other session's app")
+    browser.get(attacker_origin + "/toss")
+    cookies = {(cookie["name"], cookie["domain"].lstrip(".")) for cookie in browser.get_cookies()}
+    attacker_host = proxy.host(label_of(attacker)).split(":")[0]
+    assert cookies == {("kept", attacker_host), (COOKIE_NAME, attacker_host)}, cookies
+
+    # Its page writes to the customer's session and opens a WebSocket there: refused; the app heard of neither.
+    attacked = browser.execute_async_script(SIBLING_PAGE_SCRIPT, victim_origin)
+    assert attacked["ws"] == "refused", attacked
+    browser.get(victim_origin + "/seen")
+    seen = page_json(browser)
+    assert "POST /own-post" in seen and "GET /own-ws" in seen and not [line for line in seen if "sibling" in line], seen
+    answered = [line for line in (proxy.state_dir / "access.log").read_text().splitlines() if "/sibling-" in line]
+    assert len(answered) == 3 and all('" 403 ' in line for line in answered), answered
+
+    # A link on its page to the customer's session is refused too (same site), saying why.
+    browser.get(attacker_origin + "/")
+    browser.execute_script("location.href = arguments[0]", victim_origin + "/sibling-navigation")
+    wait_for(lambda: browser.current_url == victim_origin + "/sibling-navigation", timeout_s=30, what="the navigation")
+    assert page_json(browser)["error"] == "cross_origin"
+
+    # Its script sets a grant cookie for the parent domain: the customer's next request carries two, and is refused.
+    browser.get(attacker_origin + "/")
+    browser.execute_script(f"document.cookie = '{COOKIE_NAME}=tossed; domain={proxy.domain}; path=/'")
+    browser.get(victim_origin + "/")
+    assert page_json(browser)["error"] == "duplicate_cookie"
+
+
+def fresh_link(server: Server, token: str, session: dict) -> str:
+    """A new single-use link to the session (each lives a minute)."""
+    link = http("GET", f"{server.url}/jobs/{session['job_id']}/session", token=token).body["link"]
+    assert isinstance(link, str), link
+    return link
+
+
+def start_sessions(server: Server, app_dir: Path, tokens: list[str]) -> list[dict]:
+    """One webapp session per token, submitted together, each once ready."""
+    job_ids = []
+    for token in tokens:
+        reply = http("POST", server.url + "/submit", token=token,
+                     body={"template": "webapp", "gpus": 1, "params": {"command": f'exec python3 {app_dir / "app.py"}'}})
+        assert reply.status == 201, reply.body
+        job_ids.append(reply.body["job_id"])
+
+    def ready(job_id: str, token: str) -> dict | None:
+        session = http("GET", f"{server.url}/jobs/{job_id}/session", token=token).body
+        assert session["state"] in ("starting", "ready"), session
+        return session if session["state"] == "ready" else None
+
+    try:
+        return [
+            wait_for(functools.partial(ready, job_id, token), timeout_s=180, interval_s=1, what="the session to be ready")
+            for job_id, token in zip(job_ids, tokens, strict=True)
+        ]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{queue_report()}") from exc
 
 
 def listening_ports(uid: int) -> list[int]:
@@ -465,7 +674,7 @@ def test_a_session_with_no_request_but_a_busy_gpu_is_kept_while_one_at_0_percent
     assert kept_job["state"] == "RUNNING" and kept_job["end_reason"] is None, kept_job
     assert "JobState=RUNNING" in slurm_cmd("scontrol", "show", "job", str(kept_job["slurm_job_id"]))
     stopped = wait_for(
-        lambda: (body := http("GET", f"{server.url}/jobs/{idle['job_id']}", token=token).body)["state"] != "RUNNING" and body,
+        lambda: (body := http("GET", f"{server.url}/jobs/{idle['job_id']}", token=token).body)["state"] not in ("RUNNING", "COMPLETING") and body,
         timeout_s=60, what="the idle session's job to end",
     )
     assert stopped["state"] == "CANCELLED", stopped
@@ -502,7 +711,7 @@ def test_idle_session_is_cancelled_and_billed_for_its_run(
 
     wait_for(swept, timeout_s=240, interval_s=5, what="the idle sweep to cancel the session")
     ended = wait_for(
-        lambda: (body := http("GET", f"{server.url}/jobs/{job_id}", token=token).body)["state"] != "RUNNING" and body,
+        lambda: (body := http("GET", f"{server.url}/jobs/{job_id}", token=token).body)["state"] not in ("RUNNING", "COMPLETING") and body,
         timeout_s=60, what="the job to end",
     )
     assert ended["state"] == "CANCELLED" and "idle" in ended["end_reason"], ended

@@ -8,6 +8,7 @@ the app on the shared loopback.
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import shutil
 import subprocess
@@ -28,9 +29,12 @@ SHIM = Path(__file__).parents[2] / "gpupool" / "session_shim.py"
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is missing")
 def test_shim_refuses_to_start_the_app_without_a_private_network(tmp_path: Path) -> None:
     started = tmp_path / "app-started"
+    (tmp_path / "secret").write_text("s" * 43)
+    (tmp_path / "port").touch()
     script = (
         "echo 0 > /proc/sys/user/max_user_namespaces && "
-        f'exec "$0" {SHIM} --inner {tmp_path / "app.sock"} -- touch {started}'
+        f'exec "$0" {SHIM} --secret-file {tmp_path / "secret"} --port-file {tmp_path / "port"} --ports 20000-29999 '
+        f"-- touch {started}"
     )
     result = subprocess.run(
         ["unshare", "--user", "--map-root-user", "sh", "-c", script, sys.executable],
@@ -39,7 +43,8 @@ def test_shim_refuses_to_start_the_app_without_a_private_network(tmp_path: Path)
     assert result.returncode == NO_PRIVATE_NETWORK_EXIT, (result.returncode, result.stderr)
     assert "cannot give the app a private network" in result.stderr
     assert "user.max_user_namespaces" in result.stderr
-    assert not started.exists() and not (tmp_path / "app.sock").exists()
+    # The app never ran, and the port file says nothing: gpupool never sends anyone there.
+    assert not started.exists() and (tmp_path / "port").read_text() == ""
 
 
 def test_session_view_says_why_a_session_never_started_on_such_a_node() -> None:
@@ -50,3 +55,8 @@ def test_session_view_says_why_a_session_never_started_on_such_a_node() -> None:
     # Any other failure keeps what the job says.
     job.exit_code = 1
     assert session_view(Settings(), job, record, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))["end_reason"] is None
+
+
+def test_the_shim_is_python_37_syntax() -> None:
+    """It runs in whatever Python the job's image has: nothing newer than 3.7's grammar."""
+    ast.parse(SHIM.read_text(), feature_version=(3, 7))
