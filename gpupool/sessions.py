@@ -20,7 +20,6 @@ import base64
 import datetime as dt
 import hashlib
 import hmac
-import http.client
 import json
 import logging
 import secrets
@@ -37,6 +36,7 @@ from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, GpupoolError, LogUnavailable
 from gpupool.gpu_usage.idle import last_busy_at
+from gpupool.http import FetchFailed, fetch
 from gpupool.models.accounts import Account
 from gpupool.models.jobs import Job
 from gpupool.models.sessions import COOKIE, LINK, JobSession, SessionGrant
@@ -161,22 +161,20 @@ class ShimStatus:
 
 def shim_status(host: str, port: int, secret: str, timeout_s: float) -> ShimStatus | None:
     """The shim's own count of idle seconds and open WebSockets; None when it does not answer as the shim."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        conn.request("GET", STATUS_PATH, headers={"X-Gpupool-Session-Secret": secret})
-        reply = conn.getresponse()
-        body = reply.read(4096)
-        if reply.status != 200:
+        answer = fetch(
+            f"http://{host}:{port}{STATUS_PATH}", timeout_s=timeout_s, max_bytes=4096,
+            headers={"X-Gpupool-Session-Secret": secret},
+        )
+        if answer.status != 200:
             return None
-        data = json.loads(body)
+        data = json.loads(answer.body)
         idle_s, websockets = data["idle_s"], data["websockets"]
-        if not (isinstance(idle_s, int) and isinstance(websockets, int)):
-            return None
-        return ShimStatus(idle_s=max(0, idle_s), websockets=max(0, websockets))
-    except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
+    except (FetchFailed, ValueError, KeyError, TypeError):
         return None
-    finally:
-        conn.close()
+    if not (isinstance(idle_s, int) and isinstance(websockets, int)):
+        return None
+    return ShimStatus(idle_s=max(0, idle_s), websockets=max(0, websockets))
 
 
 def _owner_uid(db: Session, job: Job) -> int | None:

@@ -27,16 +27,14 @@ Parsing is pure; ``scrape_node`` is the one function that talks to the network.
 from __future__ import annotations
 
 import math
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http.client import HTTPException
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.config import Settings
+from gpupool.http import FetchFailed, fetch
 
 MIB = 1024 * 1024
 _MAX_SCRAPE_BYTES = 16 * MIB
@@ -164,24 +162,15 @@ def exporter_url(settings: Settings, node: str) -> str:
     return template.format(node=node, port=settings.gpu_exporter_port)
 
 
-# Node exporters are on the cluster network: never through an operator's HTTP proxy.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def scrape_node(node: str, url: str, timeout_s: float) -> NodeMetrics:
     """One node's exporter over HTTP; an unreachable or broken exporter is an error, not an exception."""
     try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
-            body = response.read(_MAX_SCRAPE_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        return NodeMetrics(node, error=f"{url} answered HTTP {exc.code}")
-    except urllib.error.URLError as exc:
-        return NodeMetrics(node, error=f"{url}: {exc.reason}")
-    except (OSError, HTTPException) as exc:
-        return NodeMetrics(node, error=f"{url}: {exc or type(exc).__name__}")
-    if len(body) > _MAX_SCRAPE_BYTES:
-        return NodeMetrics(node, error=f"{url}: answer larger than {_MAX_SCRAPE_BYTES // MIB} MiB")
-    return node_metrics_from_text(node, body.decode("utf-8", errors="replace"))
+        answer = fetch(url, timeout_s=timeout_s, max_bytes=_MAX_SCRAPE_BYTES)
+    except FetchFailed as exc:
+        return NodeMetrics(node, error=str(exc))
+    if answer.status != 200:
+        return NodeMetrics(node, error=f"{url} answered HTTP {answer.status}")
+    return node_metrics_from_text(node, answer.body.decode("utf-8", errors="replace"))
 
 
 def scrape_nodes(nodes: Iterable[str], url_of: Callable[[str], str], timeout_s: float) -> dict[str, NodeMetrics]:
