@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, multiproces
 from prometheus_client.registry import REGISTRY
 
 from gpupool.errors import CommandFailed, CommandNotFound, CommandTimedOut
-from gpupool.proc import CommandResult
+from gpupool.proc import CommandResult, Runner
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Slurm commands take milliseconds when slurmctld is healthy and seconds when it is not.
@@ -52,7 +52,6 @@ REFRESH_SECONDS = Histogram(
     buckets=_COMMAND_BUCKETS,
 )
 
-Runner = Callable[..., CommandResult]
 
 
 def observe_slurm_commands(runner: Runner) -> Runner:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpupool.errors import CommandFailed, CommandNotFound, CommandTimedOut
@@ -49,6 +49,10 @@ class CommandResult:
     stdout: str
     stderr: str
     duration_s: float
+
+
+Runner = Callable[..., CommandResult]
+"""``run_command`` or a stand-in with its signature: the seam SlurmClient takes its commands through."""
 
 
 def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

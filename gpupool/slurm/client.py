@@ -20,7 +20,7 @@ from typing import TypeVar
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, SlurmRejected, SlurmUnavailable, SubmissionUncertain
 from gpupool.metrics import observe_slurm_commands
-from gpupool.proc import CommandResult, minimal_env, run_command
+from gpupool.proc import CommandResult, Runner, minimal_env, run_command
 from gpupool.render import SPOT_QOS
 from gpupool.slurm.detail import RunningJob, parse_job_records
 from gpupool.slurm.parse import (
@@ -53,7 +53,6 @@ from gpupool.slurm.report import (
 )
 from gpupool.slurm.runas import BUDGET_TRES, TenantActions, tenant_actions
 
-Runner = Callable[..., CommandResult]
 T = TypeVar("T")
 log = logging.getLogger("gpupool.slurm")
 
