@@ -406,6 +406,14 @@ class SlurmClient:
 
     # -- plumbing -----------------------------------------------------------------
 
+    @staticmethod
+    def _parsed(what: str, parse: Callable[[str], T], text: str) -> T:
+        """``parse(text)``, or SlurmUnavailable naming the command: an answer gpupool cannot read is no answer."""
+        try:
+            return parse(text)
+        except (ParseError, KeyError, ValueError) as exc:
+            raise SlurmUnavailable(f"unexpected {what} output: {exc}") from exc
+
     def _command(
         self,
         name: str,
@@ -484,10 +492,7 @@ class SlurmClient:
             ):
                 raise SlurmUnavailable(f"Slurm could not estimate the job: {exc.stderr.strip() or exc.message}") from exc
             raise SlurmRejected(f"Slurm refused the job: {exc.stderr.strip() or 'sbatch failed'}", stderr=exc.stderr) from exc
-        try:
-            return parse_will_run(result.stderr + result.stdout)
-        except ParseError as exc:
-            raise SlurmUnavailable(f"unexpected sbatch --test-only output: {exc}") from exc
+        return self._parsed("sbatch --test-only", parse_will_run, result.stderr + result.stdout)
 
     def queue(self) -> JobRows[QueueEntry]:
         """Every job slurmctld still remembers, of every tenant, in one call.
@@ -510,10 +515,7 @@ class SlurmClient:
         result = self._command(
             "squeue", ["--states=all"], env={"SQUEUE_FORMAT": queue_format(delimiter), "SLURM_BITSTR_LEN": "0"}
         )
-        try:
-            rows = parse_queue(result.stdout, delimiter)
-        except (ParseError, KeyError) as exc:
-            raise SlurmUnavailable(f"unexpected squeue output: {exc}") from exc
+        rows = self._parsed("squeue", lambda text: parse_queue(text, delimiter), result.stdout)
         _log_refused(rows.refused)
         return rows
 
@@ -550,10 +552,7 @@ class SlurmClient:
             ],
             env={"SLURM_BITSTR_LEN": "0"},  # an array's pending indices in full, as for squeue
         )
-        try:
-            rows = parse_accounting(result.stdout, delimiter)
-        except (ParseError, KeyError) as exc:
-            raise SlurmUnavailable(f"unexpected sacct output: {exc}") from exc
+        rows = self._parsed("sacct", lambda text: parse_accounting(text, delimiter), result.stdout)
         _log_refused(rows.refused)
         return rows
 
@@ -577,18 +576,12 @@ class SlurmClient:
         result = self._command(
             "sinfo", ["--Node", f"--partition={self.settings.slurm_partition}", "--format=%N|%G|%c|%m"]
         )
-        try:
-            return parse_inventory(result.stdout)
-        except (ParseError, KeyError) as exc:
-            raise SlurmUnavailable(f"unexpected sinfo output: {exc}") from exc
+        return self._parsed("sinfo", parse_inventory, result.stdout)
 
     def running_gpu_jobs(self) -> list[RunningJob]:
         """Every running job that holds GPUs, whoever submitted it, with its GPU indices per node."""
         result = self._command("scontrol", ["show", "job", "--details", "--oneliner"])
-        try:
-            records = parse_job_records(result.stdout)
-        except (ParseError, KeyError, ValueError) as exc:
-            raise SlurmUnavailable(f"unexpected scontrol output: {exc}") from exc
+        records = self._parsed("scontrol", parse_job_records, result.stdout)
         if records.unreadable:
             log.warning("scontrol printed %d job record(s) that could not be read, skipped: %s", len(records.unreadable), "; ".join(records.unreadable))
         if records.doubted:
@@ -597,19 +590,14 @@ class SlurmClient:
 
     # -- the operator report ------------------------------------------------------
 
-    def _parsed(self, what: str, parse: Callable[[str], T], result: CommandResult) -> T:
-        try:
-            return parse(result.stdout)
-        except (ParseError, KeyError, ValueError) as exc:
-            raise SlurmUnavailable(f"unexpected {what} output: {exc}") from exc
 
     def node_gpus(self) -> list[NodeGpuCapacity]:
         """Every node of the cluster, whatever its partitions, with its GPUs by type and its state now."""
-        return self._parsed("sinfo", parse_node_gpus, self._command("sinfo", ["--Node", f"--format={NODE_FORMAT}"]))
+        return self._parsed("sinfo", parse_node_gpus, self._command("sinfo", ["--Node", f"--format={NODE_FORMAT}"]).stdout)
 
     def allocations(self, start: dt.datetime, end: dt.datetime) -> list[Allocation]:
         """Every run, of every user, pending or running at some moment of [start, end]."""
-        return self._parsed("sacct", parse_allocations, self._sacct_window(start, end, ALLOCATION_FIELDS))
+        return self._parsed("sacct", parse_allocations, self._sacct_window(start, end, ALLOCATION_FIELDS).stdout)
 
     def node_events(self, start: dt.datetime, end: dt.datetime) -> list[NodeEvent]:
         """Node (down, drained) and cluster events that overlap [start, end], from slurmdbd."""
@@ -624,12 +612,12 @@ class SlurmClient:
                 "format=" + ",".join(EVENT_FIELDS),
             ],
         )
-        return self._parsed("sacctmgr", parse_node_events, result)
+        return self._parsed("sacctmgr", parse_node_events, result.stdout)
 
     def pending_jobs(self) -> list[PendingJob]:
         """Jobs waiting now, of every tenant, with Slurm's reason and the GPUs they ask for."""
         result = self._command("squeue", ["--states=PENDING", f"--Format={PENDING_FORMAT}"])
-        return self._parsed("squeue", parse_pending, result)
+        return self._parsed("squeue", parse_pending, result.stdout)
 
     # -- accounts -----------------------------------------------------------------
 
@@ -672,10 +660,7 @@ class SlurmClient:
             "sacctmgr", ["--parsable2", "show", "association", "format=Cluster,Account,User,GrpTRESMins"]
         )
         found: dict[str, set[int | None]] = {}
-        try:
-            rows = parse_delimited(result.stdout, required=("Account", "User", "GrpTRESMins"))
-        except ParseError as exc:
-            raise SlurmUnavailable(f"unexpected sacctmgr output: {exc}") from exc
+        rows = self._parsed("sacctmgr", lambda text: parse_delimited(text, required=("Account", "User", "GrpTRESMins")), result.stdout)
         for row in rows:
             if row["User"].strip():
                 continue  # the account's own association carries the limit; users' rows inherit it
@@ -694,10 +679,9 @@ class SlurmClient:
             "sacctmgr", ["--parsable2", "show", "association", "format=Cluster,Account,User,GrpTRES,GrpTRESMins"]
         )
         found: dict[tuple[str, str], set[tuple[int | None, int | None]]] = {}
-        try:
-            rows = parse_delimited(result.stdout, required=("Account", "User", "GrpTRES", "GrpTRESMins"))
-        except ParseError as exc:
-            raise SlurmUnavailable(f"unexpected sacctmgr output: {exc}") from exc
+        rows = self._parsed(
+            "sacctmgr", lambda text: parse_delimited(text, required=("Account", "User", "GrpTRES", "GrpTRESMins")), result.stdout
+        )
         for row in rows:
             user = row["User"].strip()
             if not user:
@@ -753,10 +737,9 @@ class SlurmClient:
             "sacctmgr",
             ["--parsable2", "show", "association", "where", f"account={account}", "format=Cluster,User,GrpTRES,GrpSubmit,QOS,DefaultQOS"],
         )
-        try:
-            return parse_delimited(result.stdout, required=("User", "GrpTRES", "GrpSubmit", "QOS", "Def QOS"))
-        except ParseError as exc:
-            raise SlurmUnavailable(f"unexpected sacctmgr output: {exc}") from exc
+        return self._parsed(
+            "sacctmgr", lambda text: parse_delimited(text, required=("User", "GrpTRES", "GrpSubmit", "QOS", "Def QOS")), result.stdout
+        )
 
     def ensure_account(self, name: str, gpu_limit: int | None, user: str, *, max_submit_jobs: int) -> bool:
         """Create the Slurm account, the tenant user's association, its GPU cap and its job cap; idempotent.
