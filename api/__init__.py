@@ -32,7 +32,7 @@ from api.sessions import session_proxy_bp, sessions_bp
 from api.web import register_pages
 from api.webhooks import webhooks_bp
 from gpupool.clock import Clock, system_clock
-from gpupool.config import Settings, load_settings
+from gpupool.config import Settings, allowed_networks, load_settings
 from gpupool.db import ensure_migrated, make_engine, make_session_factory
 from gpupool.errors import ConfigError
 from gpupool.jobstate import JobStateRefresher
@@ -71,6 +71,23 @@ def create_app(
         JSON_SORT_KEYS=False,
     )
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    try:
+        unauthenticated_limit = parse_limit(settings.ratelimit_unauthenticated)
+    except ValueError as exc:
+        raise ConfigError(f"ratelimit_unauthenticated: {exc}") from exc
+    limiter = Limiter(
+        rate_limit_key,
+        storage_uri=settings.ratelimit_storage_uri,
+        storage_options=_storage_options(settings),
+        default_limits=[settings.ratelimit_default],
+        # X-RateLimit-* headers cost a store round trip on every request;
+        # a 429 still carries Retry-After (api.errors).
+        headers_enabled=False,
+        swallow_errors=False,
+        in_memory_fallback_enabled=False,
+        strategy="fixed-window",
+        key_prefix="gpupool",
+    )
     app.extensions["gpupool"] = AppState(
         settings=settings,
         slurm=slurm,
@@ -91,6 +108,9 @@ def create_app(
         verified_tokens=ExpiringCache(settings.token_check_cache_s),
         token_standings=ExpiringCache(settings.token_check_cache_s),
         clock=clock,
+        limiter=limiter,
+        unauthenticated_limit=unauthenticated_limit,
+        metrics_networks=allowed_networks(settings.metrics_allow_cidrs, "metrics_allow_cidrs"),
     )
     register_error_handlers(app)
     register_metrics(app, settings)  # first request hook: refused requests are timed too
@@ -98,20 +118,7 @@ def create_app(
     # Registered before the limiter's own hook, so limits can key on the caller.
     app.before_request(authenticate)
 
-    limiter = Limiter(
-        rate_limit_key,
-        app=app,
-        storage_uri=settings.ratelimit_storage_uri,
-        storage_options=_storage_options(settings),
-        default_limits=[settings.ratelimit_default],
-        # X-RateLimit-* headers cost a store round trip on every request;
-        # a 429 still carries Retry-After (api.errors).
-        headers_enabled=False,
-        swallow_errors=False,
-        in_memory_fallback_enabled=False,
-        strategy="fixed-window",
-        key_prefix="gpupool",
-    )
+    limiter.init_app(app)
     # Submits have their own budget; other requests share the default one.
     limiter.limit(lambda: settings.ratelimit_submit)(submit_bp)
     limiter.exempt(meta_bp)
@@ -119,12 +126,6 @@ def create_app(
     limiter.exempt(metrics_bp)  # monitoring must not depend on the rate-limit store
     # nginx asks on every proxied request; it authenticates with its key, and caching bounds the cost.
     limiter.exempt(session_proxy_bp)
-    app.extensions["gpupool_limiter"] = limiter
-    # Requests refused with 401 are counted by api.auth, per client address.
-    try:
-        app.extensions["gpupool_unauthenticated_limit"] = parse_limit(settings.ratelimit_unauthenticated)
-    except ValueError as exc:
-        raise ConfigError(f"ratelimit_unauthenticated: {exc}") from exc
 
     for blueprint in (
         meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, alerts_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp, keys_bp, members_bp, audit_bp

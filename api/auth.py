@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 
-from flask import current_app, g, request, session
-from flask_limiter import Limiter, RequestLimit
-from limits import RateLimitItem
+from flask import g, request, session
+from flask_limiter import RequestLimit
 from werkzeug.exceptions import TooManyRequests
 
 from api.context import app_state, db_session
@@ -75,8 +74,8 @@ def _page_principal() -> Principal | None:
 
 
 def count_unauthenticated() -> None:
-    limiter: Limiter = current_app.extensions["gpupool_limiter"]
-    limit: RateLimitItem = current_app.extensions["gpupool_unauthenticated_limit"]
+    state = app_state()
+    limiter, limit = state.limiter, state.unauthenticated_limit
     args = ["gpupool", "unauthenticated", f"addr:{request.remote_addr}"]
     if not limiter.limiter.hit(limit, *args):
         # api.errors reads Retry-After off the request's current limit.

@@ -1,4 +1,4 @@
-"""Per-app state (settings, Slurm client, sessions) and per-request helpers."""
+"""Per-app state (settings, Slurm client, sessions, limits: everything the app keeps) and per-request helpers."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import datetime as dt
 from dataclasses import dataclass
 
 from flask import current_app, g
+from flask_limiter import Limiter
+from limits import RateLimitItem
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.caches import ExpiringCache, TimedCache
 from gpupool.clock import Clock
-from gpupool.config import Settings
+from gpupool.config import Network, Settings
 from gpupool.jobstate import JobStateRefresher
 from gpupool.slurm.client import GpuInventory, SlurmClient
 from gpupool.templates import Template
@@ -31,6 +33,11 @@ class AppState:
     token_standings: ExpiringCache[str, TokenStanding | None]
     # "Now" for decisions by the calendar: this month's usage, budgets, report windows.
     clock: Clock
+    limiter: Limiter
+    # Requests without a valid token, per client address (api.auth.count_unauthenticated).
+    unauthenticated_limit: RateLimitItem
+    # Who may read /metrics (api.metrics).
+    metrics_networks: tuple[Network, ...]
 
 
 def app_state() -> AppState:

@@ -9,10 +9,11 @@ from typing import Any
 
 import limits.errors
 import redis.exceptions
-from flask import Flask, Response, current_app, jsonify
+from flask import Flask, Response, jsonify
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
+from api.context import app_state
 from gpupool import errors as e
 
 log = logging.getLogger("gpupool.api")
@@ -70,7 +71,7 @@ def status_for(error: e.GpupoolError) -> int:
 
 def _retry_after_s() -> int:
     """Seconds until the breached window resets (asked of the store only on a 429)."""
-    limit = current_app.extensions["gpupool_limiter"].current_limit
+    limit = app_state().limiter.current_limit
     if limit is None:
         return 1
     return max(1, math.ceil(limit.reset_at - time.time()))

@@ -41,16 +41,16 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from flask import Blueprint, Flask, Response, abort, current_app, g, request
+from flask import Blueprint, Flask, Response, abort, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
-from gpupool.config import Network, Settings, allowed_networks
+from api.context import app_state
+from gpupool.config import Network, Settings
 from gpupool.errors import ConfigError
 from gpupool.metrics import MULTIPROC_ENV, exposition_registry
 
 metrics_bp = Blueprint("metrics", __name__)
 
-_EXTENSION = "gpupool_metrics_networks"
 _KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 HTTP_REQUESTS = Counter(
@@ -120,7 +120,6 @@ def _record(response: Response) -> Response:
 
 def register_metrics(app: Flask, settings: Settings) -> None:
     """Time every request; call before any other ``before_request`` hook so refusals are timed too."""
-    app.extensions[_EXTENSION] = allowed_networks(settings.metrics_allow_cidrs, "metrics_allow_cidrs")
     folder = os.environ.get(MULTIPROC_ENV)
     if folder and not os.path.isdir(folder):
         raise ConfigError(f"{MULTIPROC_ENV} names {folder}, which is not a folder; create it (empty) first")
@@ -132,6 +131,6 @@ def register_metrics(app: Flask, settings: Settings) -> None:
 
 @metrics_bp.get("/metrics")
 def metrics() -> Response:
-    if not _caller_allowed(request.remote_addr, current_app.extensions[_EXTENSION]):
+    if not _caller_allowed(request.remote_addr, app_state().metrics_networks):
         abort(404)
     return Response(generate_latest(exposition_registry()), headers={"Content-Type": CONTENT_TYPE_LATEST})
