@@ -31,7 +31,7 @@ from api.metrics import metrics_bp, register_metrics
 from api.sessions import session_proxy_bp, sessions_bp
 from api.web import register_pages
 from api.webhooks import webhooks_bp
-from gpupool.clock import Clock, system_clock
+from gpupool.clock import Clock
 from gpupool.config import Settings, allowed_networks, load_settings
 from gpupool.db import ensure_migrated, make_engine, make_session_factory
 from gpupool.errors import ConfigError
@@ -46,17 +46,19 @@ def create_app(
     *,
     slurm: SlurmClient | None = None,
     session_factory: sessionmaker | None = None,
-    clock: Clock = system_clock,
+    clock: Clock | None = None,
 ) -> Flask:
     """Build the app. ``config`` is Settings, or overrides on top of the environment.
 
     ``slurm``, ``session_factory`` and ``clock`` are the seams: tests pass a session
     bound to a rolled-back transaction and a frozen clock, benchmarks a Slurm client
-    with counting wrappers.
+    with counting wrappers. Without ``clock``, the settings' calendar clock (the system
+    clock unless calendar_now is set).
     """
     settings = config if isinstance(config, Settings) else load_settings(overrides=config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     slurm = slurm or SlurmClient(settings)
+    clock = clock or settings.calendar_clock()
     if session_factory is None:
         engine = make_engine(settings.database_url)
         ensure_migrated(engine)

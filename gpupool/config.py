@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpupool.clock import Clock, FrozenClock, parse_instant, system_clock
 from gpupool.errors import ConfigError
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -235,6 +236,12 @@ class Settings:
     # path, fills the controller's job table (slurm.conf's MaxJobCount) and blocks
     # everyone's submits. `gpupool account set NAME --max-submit-jobs N` overrides it.
     max_submit_jobs: int = 1000
+    # An instant (ISO 8601) that every decision by the calendar takes as "now", the API's
+    # and the operator commands' (which month /usage and budgets count, an invoice's and a
+    # report's default period): for drills and for the tests (make test-calendar). Empty,
+    # as in production: the system clock. Recorded times (created_at, audit rows, a billing
+    # pass's end) always take the real time.
+    calendar_now: str = ""
 
     def __post_init__(self) -> None:
         if self.container_runtime not in CONTAINER_RUNTIMES:
@@ -265,6 +272,11 @@ class Settings:
             raise ConfigError("log_read_max_bytes must be positive")
         if not 1 <= self.max_array_tasks <= 100_000:
             raise ConfigError("max_array_tasks must be between 1 and 100000")
+        if self.calendar_now:
+            try:
+                parse_instant(self.calendar_now)
+            except ValueError as exc:
+                raise ConfigError(f"calendar_now must be an ISO 8601 instant such as 2026-12-31T23:59:59Z, not {self.calendar_now!r}") from exc
         if not 1 <= self.max_submit_jobs <= MAX_SUBMIT_JOBS:
             raise ConfigError(f"max_submit_jobs must be between 1 and {MAX_SUBMIT_JOBS}")
         if not 0 < self.jwt_default_ttl_s <= self.jwt_max_ttl_s:
@@ -301,6 +313,10 @@ class Settings:
                 f"idle_sample_retention_min must be at least {IDLE_MIN_SAMPLE_RETENTION_MIN}: "
                 "each idle check recounts the last hour's idle GPU-seconds from its samples"
             )
+
+    def calendar_clock(self) -> Clock:
+        """The clock of decisions by the calendar: frozen at ``calendar_now`` when set, else the system clock."""
+        return FrozenClock(parse_instant(self.calendar_now)) if self.calendar_now else system_clock
 
     def billing_url(self) -> str:
         return self.billing_database_url or self.database_url

@@ -23,6 +23,7 @@ import jwt
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.clock import system_clock
 from gpupool.config import Settings
 from gpupool.errors import ConfigError, Conflict, NotFound, Unauthorized
 from gpupool.members import Membership, membership_of, require_member
@@ -127,7 +128,7 @@ def new_claims(
             f"--ttl {lifetime} is longer than the ceiling of {settings.jwt_max_ttl_s} seconds (GPUPOOL_JWT_MAX_TTL_S)"
         )
     # JWT times are whole seconds; the recorded times match the claims exactly.
-    issued = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).replace(microsecond=0)
+    issued = (now or system_clock()).astimezone(dt.UTC).replace(microsecond=0)
     return TokenClaims(
         jti=uuid.uuid4().hex,
         sub=sub,

@@ -92,7 +92,7 @@ def cmd_billing_run(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"gpupool: warning: sacct row not billed: {reason}", file=sys.stderr)
         else:
             since = args.since or parse_utc("1970-01-01")
-            until = args.until or dt.datetime.now(dt.UTC).replace(microsecond=0)
+            until = args.until or db.utcnow().replace(microsecond=0)
             if since >= until:
                 print("gpupool: error: --since must be before --until", file=sys.stderr)
                 return 2
@@ -132,7 +132,7 @@ def _push_member_limits(sessions: sessionmaker, slurm: SlurmClient) -> int:
     """Each member user's GPU limit and what is left of their monthly limit as Slurm limits; 1 if Slurm was out of reach."""
     try:
         with sessions() as session:
-            changed = push_member_limits(session, slurm, dt.datetime.now(dt.UTC))
+            changed = push_member_limits(session, slurm, slurm.settings.calendar_clock()())
     except GpupoolError as exc:
         print(f"gpupool: error: could not bring the members' Slurm limits up to date: {exc.message}", file=sys.stderr)
         return 1
@@ -183,11 +183,11 @@ def cmd_billing_replay(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_price_set(settings: Settings, args: argparse.Namespace) -> int:
     sessions = db.migrated_sessions(settings.database_url)
-    effective = args.effective_from or dt.datetime.now(dt.UTC).replace(microsecond=0)
+    effective = args.effective_from or db.utcnow().replace(microsecond=0)
     with sessions() as session, session.begin():
         set_price(session, args.gpu_type, args.price, effective, args.tier)
         audit.record(
-            session, audit.operator_actor(), audit.PRICE_SET, account=None, target=args.gpu_type, now=dt.datetime.now(dt.UTC),
+            session, audit.operator_actor(), audit.PRICE_SET, account=None, target=args.gpu_type, now=db.utcnow(),
             details={"price": format_nanos(args.price), "tier": args.tier, "from": utc_text(effective)},
         )
     print(
@@ -207,7 +207,7 @@ def cmd_price_list(settings: Settings, _args: argparse.Namespace) -> int:
 
 def cmd_adjust(settings: Settings, args: argparse.Namespace) -> int:
     sessions = db.migrated_sessions(settings.database_url)
-    period = args.period or period_of(dt.datetime.now(dt.UTC))
+    period = args.period or period_of(settings.calendar_clock()())
     with sessions() as session, session.begin():
         if session.get(Account, args.account) is None:
             raise NotFound(f"no account {args.account!r}; create it with `gpupool account create`")
@@ -218,7 +218,7 @@ def cmd_adjust(settings: Settings, args: argparse.Namespace) -> int:
             reason=args.reason,
             kind="manual",
             created_by=args.by,
-            created_at=dt.datetime.now(dt.UTC),
+            created_at=db.utcnow(),
         )
         session.add(adjustment)
         session.flush()
@@ -226,7 +226,7 @@ def cmd_adjust(settings: Settings, args: argparse.Namespace) -> int:
         audit.record(
             session, audit.operator_actor(), audit.ADJUSTMENT_ADD, account=args.account, target=str(adjustment_id),
             details={"amount": format_nanos(args.amount), "period": period, "reason": args.reason, "by": args.by},
-            now=dt.datetime.now(dt.UTC),
+            now=db.utcnow(),
         )
     print(f"adjustment {adjustment_id}: {format_nanos(args.amount)} {settings.currency} on {args.account}'s {period} invoice")
     return 0
@@ -254,7 +254,7 @@ def cmd_invoice(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
     sessions = db.migrated_sessions(settings.database_url)
-    now = dt.datetime.now(dt.UTC)
+    now = settings.calendar_clock()()
     with sessions() as session, session.begin():
         account = session.get(Account, args.name)
         if account is None:

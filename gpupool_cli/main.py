@@ -8,7 +8,6 @@ when the pass ran but some node's GPU exporter did not answer.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
@@ -107,7 +106,7 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
         account.max_submit_jobs = args.max_submit_jobs
         account.unix_user, account.unix_uid = tenant.user, tenant.uid
         audit.record(
-            session, audit.operator_actor(), audit.ACCOUNT_CREATE, account=args.name, now=dt.datetime.now(dt.UTC),
+            session, audit.operator_actor(), audit.ACCOUNT_CREATE, account=args.name, now=db.utcnow(),
             details={
                 "gpu_limit": args.gpu_limit, "max_submit_jobs": args.max_submit_jobs, "unix_user": tenant.user,
                 "existed": verb == "updated",

@@ -12,7 +12,6 @@ users on the other hosts.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import pwd
 import sys
@@ -94,7 +93,7 @@ def migrate_members(settings: Settings, sessions: sessionmaker, accounts: list[s
         # Unix user and Slurm first, as for an account: a recorded user nobody can run as would refuse the member's submits.
         tenant = _new_member_user(settings, account, taken)
         slurm.ensure_member_user(account, tenant.user)
-        now = dt.datetime.now(dt.UTC)
+        now = db.utcnow()
         with sessions() as session, session.begin():
             session.add(MemberIdentity(account=account, subject=subject, unix_user=tenant.user, unix_uid=tenant.uid, created_at=now))
             audit.record(
@@ -104,7 +103,7 @@ def migrate_members(settings: Settings, sessions: sessionmaker, accounts: list[s
         done.append(MemberUser(account, subject, tenant.user, tenant.uid, created=True))
     if done:
         with sessions() as session:
-            push_member_limits(session, slurm, dt.datetime.now(dt.UTC), accounts=sorted({user.account for user in done}))
+            push_member_limits(session, slurm, settings.calendar_clock()(), accounts=sorted({user.account for user in done}))
     return done, skipped
 
 
@@ -156,7 +155,7 @@ def _limits_into_slurm(settings: Settings, account: str, subject: str) -> int:
         if session.get(MemberIdentity, (account, subject)) is None:
             return 0
         try:
-            push_member_limits(session, SlurmClient(settings), dt.datetime.now(dt.UTC), [account], [subject], raise_errors=True)
+            push_member_limits(session, SlurmClient(settings), settings.calendar_clock()(), [account], [subject], raise_errors=True)
         except GpupoolError as exc:
             print(f"gpupool: error: could not give Slurm the member's new limits: {exc.message}; the next billing pass will", file=sys.stderr)
             return 1
@@ -171,11 +170,11 @@ def cmd_member_set(settings: Settings, args: argparse.Namespace) -> int:
             session, args.account, args.subject, role=args.role, gpu_limit=args.gpu_limit,
             monthly_limit_nanos=None if args.monthly_limit is None else parse_nanos(args.monthly_limit, what="--monthly-limit"),
             templates=templates, known_templates=set(load_templates(settings.templates_dir)),
-            enrolling=None, now=dt.datetime.now(dt.UTC),
+            enrolling=None, now=db.utcnow(),
         )
         role = row.role
         audit.record(
-            session, audit.operator_actor(), audit.MEMBER_SET, account=args.account, target=args.subject, now=dt.datetime.now(dt.UTC),
+            session, audit.operator_actor(), audit.MEMBER_SET, account=args.account, target=args.subject, now=db.utcnow(),
             details={"role": row.role, "gpu_limit": row.gpu_limit, "monthly_limit": args.monthly_limit, "templates": row.templates},
         )
     print(f"{args.subject} is a {role} of account {args.account}; tokens already in use see it within {settings.token_check_cache_s:g} s")
@@ -190,7 +189,7 @@ def cmd_member_set(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_member_list(settings: Settings, args: argparse.Namespace) -> int:
-    period = period_of(dt.datetime.now(dt.UTC))
+    period = period_of(settings.calendar_clock()())
     with db.migrated_sessions(settings.database_url)() as session:
         account: Account = _existing_account(session, args.account)
         rows = list_members(session, account.name)
@@ -212,7 +211,7 @@ def cmd_member_list(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_member_remove(settings: Settings, args: argparse.Namespace) -> int:
     with db.migrated_sessions(settings.database_url)() as session, session.begin():
         remove_member(session, args.account, args.subject)
-        audit.record(session, audit.operator_actor(), audit.MEMBER_REMOVE, account=args.account, target=args.subject, now=dt.datetime.now(dt.UTC))
+        audit.record(session, audit.operator_actor(), audit.MEMBER_REMOVE, account=args.account, target=args.subject, now=db.utcnow())
     print(f"{args.subject} is no longer a member of account {args.account}; their tokens and keys are refused from now on")
     return _limits_into_slurm(settings, args.account, args.subject)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 
@@ -33,7 +32,7 @@ def cmd_report(settings: Settings, args: argparse.Namespace) -> int:
     if args.period and (args.since or args.until):
         print("gpupool: error: give --period or --since/--until, not both", file=sys.stderr)
         return 2
-    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    now = settings.calendar_clock()().replace(microsecond=0)
     since, until = parse_window(args.period, args.since, args.until, now=now)
     sessions = db.migrated_sessions(settings.database_url)
     with sessions() as session:
@@ -66,7 +65,7 @@ def cmd_node_cost_set(settings: Settings, args: argparse.Namespace) -> int:
         cost.purchase_price_nanos = args.price
         cost.in_service_since = args.since
         cost.watts = args.watts
-        cost.updated_at = dt.datetime.now(dt.UTC)
+        cost.updated_at = db.utcnow()
         session.add(cost)
     print(
         f"node {args.node}: {format_nanos(args.price)} {settings.currency}, in service since "

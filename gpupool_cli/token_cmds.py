@@ -43,7 +43,7 @@ def cmd_token_create(settings: Settings, args: argparse.Namespace) -> int:
         claims = jwt.decode(token, options={"verify_signature": False})
         audit.record(
             session, audit.operator_actor(), audit.TOKEN_CREATE, account=args.account, target=claims["jti"],
-            details={"subject": args.user, "role": claims["role"], "expires_at": claims["exp"]}, now=dt.datetime.now(dt.UTC),
+            details={"subject": args.user, "role": claims["role"], "expires_at": claims["exp"]}, now=db.utcnow(),
         )
     print(token)  # alone on stdout: scripts capture it
     return 0
@@ -56,7 +56,7 @@ def _token_state(token: IssuedToken, now: dt.datetime) -> str:
 
 
 def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
-    now = dt.datetime.now(dt.UTC)
+    now = db.utcnow()
     with db.migrated_sessions(settings.database_url)() as session:
         account = _existing_account(session, args.account)
         tokens = session.scalars(
@@ -75,12 +75,12 @@ def cmd_token_list(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
     with db.migrated_sessions(settings.database_url)() as session, session.begin():
-        token, newly = revoke_token(session, args.jti, by=args.by, reason=args.reason, now=dt.datetime.now(dt.UTC))
+        token, newly = revoke_token(session, args.jti, by=args.by, reason=args.reason, now=db.utcnow())
         revoked_at = token.revoked_at
         if newly:
             audit.record(
                 session, audit.operator_actor(), audit.TOKEN_REVOKE, account=token.account, target=args.jti,
-                details={"reason": args.reason, "by": args.by}, now=dt.datetime.now(dt.UTC),
+                details={"reason": args.reason, "by": args.by}, now=db.utcnow(),
             )
     assert revoked_at is not None
     if newly:
@@ -94,7 +94,7 @@ def cmd_account_disable(settings: Settings, args: argparse.Namespace) -> int:
     with db.migrated_sessions(settings.database_url)() as session, session.begin():
         account = _existing_account(session, args.name)
         if account.disabled_at is None:
-            account.disabled_at = dt.datetime.now(dt.UTC)
+            account.disabled_at = db.utcnow()
             state = "disabled"
             audit.record(
                 session, audit.operator_actor(), audit.ACCOUNT_DISABLE, account=args.name, now=account.disabled_at,
@@ -118,7 +118,7 @@ def cmd_account_enable(settings: Settings, args: argparse.Namespace) -> int:
         was_disabled = account.disabled_at is not None
         account.disabled_at = None
         if was_disabled:
-            audit.record(session, audit.operator_actor(), audit.ACCOUNT_ENABLE, account=args.name, now=dt.datetime.now(dt.UTC))
+            audit.record(session, audit.operator_actor(), audit.ACCOUNT_ENABLE, account=args.name, now=db.utcnow())
     if was_disabled:
         print(f"account {args.name} enabled; its tokens that are neither revoked nor expired work again")
     else:

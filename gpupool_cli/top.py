@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpupool import db
 from gpupool.config import Settings
 from gpupool.errors import SlurmUnavailable
 from gpupool.gpu_usage.exporter import GpuReading, NodeMetrics, node_metrics_from_text, scrape_cluster
@@ -119,7 +120,7 @@ def collect_metrics(jobs: Sequence[RunningJob], settings: Settings, files: Mappi
 
 def snapshot(slurm: SlurmClient, settings: Settings, files: Mapping[str, Path]) -> str:
     jobs = slurm.running_gpu_jobs()
-    return render_top(jobs, collect_metrics(jobs, settings, files), now=dt.datetime.now(dt.UTC))
+    return render_top(jobs, collect_metrics(jobs, settings, files), now=db.utcnow())
 
 
 def cmd_top(settings: Settings, args: argparse.Namespace) -> int:
@@ -134,7 +135,7 @@ def cmd_top(settings: Settings, args: argparse.Namespace) -> int:
                 frame = snapshot(slurm, settings, files)
             except SlurmUnavailable as exc:
                 # A live view outlasts a Slurm blip: say so and try again next round.
-                frame = f"gpupool top  {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC\n\nSlurm: {exc.message}\n"
+                frame = f"gpupool top  {db.utcnow():%Y-%m-%d %H:%M:%S} UTC\n\nSlurm: {exc.message}\n"
             sys.stdout.write(CLEAR_SCREEN + frame)
             sys.stdout.flush()
             time.sleep(args.interval)

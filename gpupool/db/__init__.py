@@ -24,6 +24,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
+from gpupool.clock import system_clock
 from gpupool.errors import DatabaseUnavailable, MigrationRequired
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -78,8 +79,9 @@ class Base(DeclarativeBase):
     pass
 
 
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+# What recorded times (created_at columns, leases) read: the real time, from the one clock
+# module; decisions by the calendar read Settings.calendar_clock() instead.
+utcnow = system_clock
 
 
 def normalize_url(url: str) -> str:

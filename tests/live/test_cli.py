@@ -25,7 +25,9 @@ from tests.support.tenancy import SERVICE_USER
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 
 
-def run_cli(*args: str, database_url: str, job_root: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, database_url: str, job_root: Path | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
         "GPUPOOL_DATABASE_URL": database_url,
@@ -35,6 +37,7 @@ def run_cli(*args: str, database_url: str, job_root: Path | None = None) -> subp
     }
     if job_root is not None:
         env["GPUPOOL_JOB_ROOT"] = str(job_root)
+    env.update(extra_env or {})
     return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -108,6 +111,19 @@ def test_bad_command_lines_exit_2_with_a_message(sqlite_url: str, args: tuple[st
     result = run_cli(*args, database_url=sqlite_url)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_the_operators_calendar_decisions_read_the_calendar_clock(sqlite_url: str) -> None:
+    # The report's default window is "this month": the month of calendar_now when it is set
+    # (make test-calendar, drills), whatever today is.
+    assert run_cli("db", "upgrade", database_url=sqlite_url).returncode == 0
+    env = {"GPUPOOL_CALENDAR_NOW": "2031-07-15T12:00:00Z"}
+    report = run_cli("report", "--format", "json", database_url=sqlite_url, extra_env=env)
+    assert report.returncode == 0, report.stderr
+    window = json.loads(report.stdout)
+    assert (window["since"], window["until"]) == ("2031-07-01T00:00:00Z", "2031-08-01T00:00:00Z")
+    refused = run_cli("report", database_url=sqlite_url, extra_env={"GPUPOOL_CALENDAR_NOW": "next tuesday"})
+    assert refused.returncode != 0 and "calendar_now must be an ISO 8601 instant" in refused.stderr
 
 
 def test_commands_refuse_an_unmigrated_database(sqlite_url: str) -> None:
