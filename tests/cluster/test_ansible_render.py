@@ -936,6 +936,63 @@ def test_slurm_versions_within_slurms_release_window(
         assert refusal in render_refused(ansible_dir, tmp_path, *arguments)
 
 
+# --- issue 32: security floors -----------------------------------------------------------
+
+
+FLOOR_ADVICE = "Upgrade them from the security archive (apt-get install --only-upgrade"
+
+
+@pytest.mark.parametrize(
+    ("builds", "extra", "refusals"),
+    [
+        # The releases' builds as the render stands them in pass, and so do later ones (Ubuntu Pro's).
+        ({}, {}, []),
+        ({"gpu01": {"slurmd": "21.08.5-2ubuntu1+esm2", "libmunge2": "0.5.14-6ubuntu0.2"}}, {}, []),
+        # Older builds, installed or about to be, stop their host: the floor, where it is kept, what to run.
+        (
+            {"gpu01": {"slurmd": "21.08.5-2"}, "ctl1": {"munge": "0.5.14-6 (apt candidate, not installed yet)"}},
+            {},
+            [
+                "slurmd 21.08.5-2 on gpu01 is below its security floor 21.08.5-2ubuntu1 (slurm_common_version_floor, Ubuntu jammy).",
+                f"{FLOOR_ADVICE} slurmd)",
+                "munge 0.5.14-6 (apt candidate, not installed yet) on ctl1 is below its security floor 0.5.14-6ubuntu0.1 "
+                "(munge_version_floor, Ubuntu jammy).",
+                f"{FLOOR_ADVICE} munge)",
+            ],
+        ),
+        # Debian's order, not Ansible's version test: a ~ build comes before the build it names.
+        (
+            {"gpu02": {"libmunge2": "0.5.14-6ubuntu0.1~rc1", "slurm-client": "21.08.5-2ubuntu0.9"}},
+            {},
+            [
+                "libmunge2 0.5.14-6ubuntu0.1~rc1 on gpu02 is below its security floor 0.5.14-6ubuntu0.1",
+                "slurm-client 21.08.5-2ubuntu0.9 on gpu02 is below its security floor 21.08.5-2ubuntu1",
+                f"{FLOOR_ADVICE} libmunge2 slurm-client)",
+            ],
+        ),
+        # A release without a floor is refused until one is added.
+        (
+            {},
+            {"munge_version_floor": {"noble": "0.5.15-4ubuntu0.1"}},
+            ["munge has no security floor for Ubuntu jammy in munge_version_floor: add the oldest build"],
+        ),
+    ],
+)
+def test_munge_and_slurm_builds_below_their_security_floors_are_refused(
+    repo_root: Path, tmp_path: Path, builds: dict[str, dict[str, str]], extra: dict[str, object], refusals: list[str],
+) -> None:
+    ansible_dir = repo_root.joinpath(*ANSIBLE_DIR_PARTS)
+    arguments = ("--tags", "versions", "-e", json.dumps({"render_package_versions": builds, **extra}))
+    if not refusals:
+        render(ansible_dir, tmp_path, *arguments)
+        return
+    output = render_refused(ansible_dir, tmp_path, *arguments)
+    for refusal in refusals:
+        assert refusal in output
+    failed = {host for host in ("ctl1", "gpu01", "gpu02") if re.search(rf"^{host}\s*:.*failed=1", output, re.MULTILINE)}
+    assert failed == (set(builds) or {"ctl1", "gpu01", "gpu02"})
+
+
 def test_cgroup_v1_boot_option_on_22_04_shares_the_drivers_single_reboot(rendered: Rendered, rendered_noble: Rendered) -> None:
     dropin = "etc/default/grub.d/90-gpupool-cgroup-v1.cfg"
     for host in ("gpu01", "gpu02"):
