@@ -869,15 +869,16 @@ def test_container_runtime_prolog_gives_the_job_user_private_enroot_folders(rend
 
 
 def test_container_runtime_off_leaves_slurm_conf_without_hooks(repo_root: Path, tmp_path: Path) -> None:
-    # inventories/local turns the role off, and has no cgroups: its slurm.conf must stay as it was.
+    # inventories/local turns the role off, and gathers accounting from /proc: its slurm.conf must stay as it was.
     render(
         repo_root / "deploy" / "ansible", tmp_path, *SLURM_FILES, "-e", "container_runtime_enabled=false",
-        "-e", "slurm_common_proctrack_type=proctrack/linuxproc",
+        "-e", "slurm_common_jobacct_gather_type=jobacct_gather/linux",
     )
     settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
     assert not [line for line in settings if line.startswith(("Prolog=", "Epilog="))]
     assert not (tmp_path / "gpu01" / EPILOG).exists()
     assert "JobAcctGatherType=jobacct_gather/linux" in settings
+    assert "ProctrackType=proctrack/cgroup" in settings
 
 
 # --- issue 8: a multi-node first install that converges -----------------------------------
@@ -936,7 +937,55 @@ def test_slurm_versions_within_slurms_release_window(
         assert refusal in render_refused(ansible_dir, tmp_path, *arguments)
 
 
-# --- issue 32: security floors -----------------------------------------------------------
+# --- issue 32: no unconfined tenants, security floors --------------------------------------
+
+
+def test_tenants_jobs_run_unconfined_only_with_the_operators_reason(repo_root: Path, tmp_path: Path) -> None:
+    ansible_dir = repo_root.joinpath(*ANSIBLE_DIR_PARTS)
+    linuxproc = ("--tags", "confinement", "-e", "slurm_common_proctrack_type=proctrack/linuxproc")
+    refused = render_refused(ansible_dir, tmp_path, *linuxproc)
+    for host in ("ctl1", "gpu01", "gpu02"):
+        assert (
+            f"ProctrackType=proctrack/linuxproc (slurm_common_proctrack_type) on {host} would run tenants' jobs "
+            "unconfined: a process a job starts with setsid or a double fork outlives the job"
+        ) in refused
+    assert "set slurm_common_unconfined_jobs_reason to the reason why" in refused
+    # A reason of blanks is no reason.
+    assert "would run tenants' jobs unconfined" in render_refused(
+        ansible_dir, tmp_path, *linuxproc, "-e", json.dumps({"slurm_common_unconfined_jobs_reason": "  "}))
+    render(ansible_dir, tmp_path, *linuxproc, "-e", json.dumps({"slurm_common_unconfined_jobs_reason": "no cgroups here"}))
+    render(ansible_dir, tmp_path, "--tags", "confinement")  # the default, proctrack/cgroup
+
+
+def cgroup_v1_like(out: Path, host: str, *controllers: str) -> None:
+    """A host with these cgroup v1 hierarchies (and the unified one beside them, as a hybrid host has)."""
+    root = out / host / "sys" / "fs" / "cgroup"
+    for controller in (*controllers, "systemd"):
+        (root / controller).mkdir(parents=True, exist_ok=True)
+        (root / controller / "tasks").write_text("")
+    (root / "unified").mkdir(exist_ok=True)
+    (root / "unified" / "cgroup.controllers").write_text("")
+
+
+def test_a_node_without_the_cgroups_slurms_plugins_use_is_refused_before_any_change(repo_root: Path, tmp_path: Path) -> None:
+    # What systemd mounts in a container on a kernel with cpu and cpuacct apart: no cpuacct.
+    ansible_dir = repo_root.joinpath(*ANSIBLE_DIR_PARTS)
+    cgroup_v1_like(tmp_path, "gpu01", "freezer", "memory", "cpuset", "devices", "pids")
+    cgroup_v1_like(tmp_path, "gpu02", "memory", "cpuset", "devices", "cpuacct")
+    refused = render_refused(ansible_dir, tmp_path, "--tags", "driver")
+    assert (
+        f"gpu01 has no cgroup v1 hierarchy for cpuacct under {tmp_path}/gpu01/sys/fs/cgroup, which "
+        "JobAcctGatherType=jobacct_gather/cgroup (slurm_common_jobacct_gather_type) needs: slurmd would not start."
+    ) in refused
+    assert (
+        f"gpu02 has no cgroup v1 hierarchy for freezer under {tmp_path}/gpu02/sys/fs/cgroup, which "
+        "ProctrackType=proctrack/cgroup (slurm_common_proctrack_type) needs"
+    ) in refused
+    # Accounting from /proc needs no cpuacct: gpu01 passes; gpu02 still has no freezer.
+    refused = render_refused(ansible_dir, tmp_path, "--tags", "driver", "-e", "slurm_common_jobacct_gather_type=jobacct_gather/linux")
+    assert "gpu01 has no cgroup" not in refused and "gpu02 has no cgroup v1 hierarchy for freezer" in refused
+    cgroup_v1_like(tmp_path, "gpu02", "freezer")
+    render(ansible_dir, tmp_path, "--tags", "driver", "-e", "slurm_common_jobacct_gather_type=jobacct_gather/linux")
 
 
 FLOOR_ADVICE = "Upgrade them from the security archive (apt-get install --only-upgrade"
