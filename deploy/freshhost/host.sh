@@ -123,6 +123,7 @@ down() {
         sysctl -q -w "net.ipv4.ip_forward=$(cat "$dir/ip_forward.before")" || true
     fi
     remove_container_dir "$dir"
+    remove_slurm_cgroups "$name"
     log "$name is down"
 }
 

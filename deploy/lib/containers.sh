@@ -97,3 +97,16 @@ remove_container_dir() {
     fi
     rm -rf --one-file-system "$dir"
 }
+
+# What Slurm left of the container's node $1 in this machine's cgroup v1
+# hierarchies, which its systemd mounts as they are: slurmd keeps its jobs'
+# cgroups under slurm_<node name> (Debian builds Slurm for several slurmds per
+# machine), and a container killed while a job runs leaves them behind, frozen
+# maybe, for the next host of that name (the real-hosts tier's job ids start at
+# 1 again; the fresh host's name is new each run, so its folders would pile
+# up). Only empty cgroups are removed: rmdir refuses any with a process left.
+remove_slurm_cgroups() {
+    local node=$1
+    find /sys/fs/cgroup -mindepth 2 -maxdepth 4 -type d -name "slurm_$node" -prune -print 2>/dev/null \
+        | while read -r dir; do find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true; done
+}

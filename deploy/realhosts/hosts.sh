@@ -195,6 +195,7 @@ down() {
         sed -i "/^$(cat "$dir/address") /d" "$SSH_DIR/known_hosts"
     fi
     remove_container_dir "$dir"
+    remove_slurm_cgroups "$name"
     log "$name is down"
 }
 

@@ -880,15 +880,16 @@ def test_container_runtime_prolog_gives_the_job_user_private_enroot_folders(rend
 
 
 def test_container_runtime_off_leaves_slurm_conf_without_hooks(repo_root: Path, tmp_path: Path) -> None:
-    # inventories/local turns the role off, and has no cgroups: its slurm.conf must stay as it was.
+    # inventories/local turns the role off, and gathers accounting from /proc: its slurm.conf must stay as it was.
     render(
         repo_root / "deploy" / "ansible", tmp_path, *SLURM_FILES, "-e", "container_runtime_enabled=false",
-        "-e", "slurm_common_proctrack_type=proctrack/linuxproc",
+        "-e", "slurm_common_jobacct_gather_type=jobacct_gather/linux",
     )
     settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
     assert not [line for line in settings if line.startswith(("Prolog=", "Epilog="))]
     assert not (tmp_path / "gpu01" / EPILOG).exists()
     assert "JobAcctGatherType=jobacct_gather/linux" in settings
+    assert "ProctrackType=proctrack/cgroup" in settings
 
 
 # --- issue 8: a multi-node first install that converges -----------------------------------
@@ -945,6 +946,111 @@ def test_slurm_versions_within_slurms_release_window(
         render(ansible_dir, tmp_path, *arguments)
     else:
         assert refusal in render_refused(ansible_dir, tmp_path, *arguments)
+
+
+# --- issue 32: no unconfined tenants, security floors --------------------------------------
+
+
+def test_tenants_jobs_run_unconfined_only_with_the_operators_reason(repo_root: Path, tmp_path: Path) -> None:
+    ansible_dir = repo_root.joinpath(*ANSIBLE_DIR_PARTS)
+    linuxproc = ("--tags", "confinement", "-e", "slurm_common_proctrack_type=proctrack/linuxproc")
+    refused = render_refused(ansible_dir, tmp_path, *linuxproc)
+    for host in ("ctl1", "gpu01", "gpu02"):
+        assert (
+            f"ProctrackType=proctrack/linuxproc (slurm_common_proctrack_type) on {host} would run tenants' jobs "
+            "unconfined: a process a job starts with setsid or a double fork outlives the job"
+        ) in refused
+    assert "set slurm_common_unconfined_jobs_reason to the reason why" in refused
+    # A reason of blanks is no reason.
+    assert "would run tenants' jobs unconfined" in render_refused(
+        ansible_dir, tmp_path, *linuxproc, "-e", json.dumps({"slurm_common_unconfined_jobs_reason": "  "}))
+    render(ansible_dir, tmp_path, *linuxproc, "-e", json.dumps({"slurm_common_unconfined_jobs_reason": "no cgroups here"}))
+    render(ansible_dir, tmp_path, "--tags", "confinement")  # the default, proctrack/cgroup
+
+
+def cgroup_v1_like(out: Path, host: str, *controllers: str) -> None:
+    """A host with these cgroup v1 hierarchies (and the unified one beside them, as a hybrid host has)."""
+    root = out / host / "sys" / "fs" / "cgroup"
+    for controller in (*controllers, "systemd"):
+        (root / controller).mkdir(parents=True, exist_ok=True)
+        (root / controller / "tasks").write_text("")
+    (root / "unified").mkdir(exist_ok=True)
+    (root / "unified" / "cgroup.controllers").write_text("")
+
+
+def test_a_node_without_the_cgroups_slurms_plugins_use_is_refused_before_any_change(repo_root: Path, tmp_path: Path) -> None:
+    # What systemd mounts in a container on a kernel with cpu and cpuacct apart: no cpuacct.
+    ansible_dir = repo_root.joinpath(*ANSIBLE_DIR_PARTS)
+    cgroup_v1_like(tmp_path, "gpu01", "freezer", "memory", "cpuset", "devices", "pids")
+    cgroup_v1_like(tmp_path, "gpu02", "memory", "cpuset", "devices", "cpuacct")
+    refused = render_refused(ansible_dir, tmp_path, "--tags", "driver")
+    assert (
+        f"gpu01 has no cgroup v1 hierarchy for cpuacct under {tmp_path}/gpu01/sys/fs/cgroup, which "
+        "JobAcctGatherType=jobacct_gather/cgroup (slurm_common_jobacct_gather_type) needs: slurmd would not start."
+    ) in refused
+    assert (
+        f"gpu02 has no cgroup v1 hierarchy for freezer under {tmp_path}/gpu02/sys/fs/cgroup, which "
+        "ProctrackType=proctrack/cgroup (slurm_common_proctrack_type) needs"
+    ) in refused
+    # Accounting from /proc needs no cpuacct: gpu01 passes; gpu02 still has no freezer.
+    refused = render_refused(ansible_dir, tmp_path, "--tags", "driver", "-e", "slurm_common_jobacct_gather_type=jobacct_gather/linux")
+    assert "gpu01 has no cgroup" not in refused and "gpu02 has no cgroup v1 hierarchy for freezer" in refused
+    cgroup_v1_like(tmp_path, "gpu02", "freezer")
+    render(ansible_dir, tmp_path, "--tags", "driver", "-e", "slurm_common_jobacct_gather_type=jobacct_gather/linux")
+
+
+FLOOR_ADVICE = "Upgrade them from the security archive (apt-get install --only-upgrade"
+
+
+@pytest.mark.parametrize(
+    ("builds", "extra", "refusals"),
+    [
+        # The releases' builds as the render stands them in pass, and so do later ones (Ubuntu Pro's).
+        ({}, {}, []),
+        ({"gpu01": {"slurmd": "21.08.5-2ubuntu1+esm2", "libmunge2": "0.5.14-6ubuntu0.2"}}, {}, []),
+        # Older builds, installed or about to be, stop their host: the floor, where it is kept, what to run.
+        (
+            {"gpu01": {"slurmd": "21.08.5-2"}, "ctl1": {"munge": "0.5.14-6 (apt candidate, not installed yet)"}},
+            {},
+            [
+                "slurmd 21.08.5-2 on gpu01 is below its security floor 21.08.5-2ubuntu1 (slurm_common_version_floor, Ubuntu jammy).",
+                f"{FLOOR_ADVICE} slurmd)",
+                "munge 0.5.14-6 (apt candidate, not installed yet) on ctl1 is below its security floor 0.5.14-6ubuntu0.1 "
+                "(munge_version_floor, Ubuntu jammy).",
+                f"{FLOOR_ADVICE} munge)",
+            ],
+        ),
+        # Debian's order, not Ansible's version test: a ~ build comes before the build it names.
+        (
+            {"gpu02": {"libmunge2": "0.5.14-6ubuntu0.1~rc1", "slurm-client": "21.08.5-2ubuntu0.9"}},
+            {},
+            [
+                "libmunge2 0.5.14-6ubuntu0.1~rc1 on gpu02 is below its security floor 0.5.14-6ubuntu0.1",
+                "slurm-client 21.08.5-2ubuntu0.9 on gpu02 is below its security floor 21.08.5-2ubuntu1",
+                f"{FLOOR_ADVICE} libmunge2 slurm-client)",
+            ],
+        ),
+        # A release without a floor is refused until one is added.
+        (
+            {},
+            {"munge_version_floor": {"noble": "0.5.15-4ubuntu0.1"}},
+            ["munge has no security floor for Ubuntu jammy in munge_version_floor: add the oldest build"],
+        ),
+    ],
+)
+def test_munge_and_slurm_builds_below_their_security_floors_are_refused(
+    repo_root: Path, tmp_path: Path, builds: dict[str, dict[str, str]], extra: dict[str, object], refusals: list[str],
+) -> None:
+    ansible_dir = repo_root.joinpath(*ANSIBLE_DIR_PARTS)
+    arguments = ("--tags", "versions", "-e", json.dumps({"render_package_versions": builds, **extra}))
+    if not refusals:
+        render(ansible_dir, tmp_path, *arguments)
+        return
+    output = render_refused(ansible_dir, tmp_path, *arguments)
+    for refusal in refusals:
+        assert refusal in output
+    failed = {host for host in ("ctl1", "gpu01", "gpu02") if re.search(rf"^{host}\s*:.*failed=1", output, re.MULTILINE)}
+    assert failed == (set(builds) or {"ctl1", "gpu01", "gpu02"})
 
 
 def test_cgroup_v1_boot_option_on_22_04_shares_the_drivers_single_reboot(rendered: Rendered, rendered_noble: Rendered) -> None:

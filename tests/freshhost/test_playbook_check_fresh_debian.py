@@ -47,6 +47,9 @@ def one_host_inventory(folder: Path, host: FreshHost) -> Path:
         # The container's clock and kernel settings are this machine's.
         "common_time_sync": False,
         "common_sysctls": {},
+        # Its systemd mounts no cpuacct hierarchy (it asks for cpu and cpuacct together, this machine's
+        # kernel has them apart), which jobacct_gather/cgroup needs: the playbook would refuse the host.
+        "slurm_common_jobacct_gather_type": "jobacct_gather/linux",
         "shared_storage_mode": "nfs",
         "shared_storage_path": "/srv/gpupool",
         "gpupool_api_job_root": "/srv/gpupool/jobs",
