@@ -28,6 +28,7 @@ from api.keys import keys_bp
 from api.members import members_bp
 from api.meta import meta_bp, templates_bp
 from api.metrics import metrics_bp, register_metrics
+from api.query import refuse_repeated_parameters
 from api.sessions import session_proxy_bp, sessions_bp
 from api.web import register_pages
 from api.webhooks import webhooks_bp
@@ -121,6 +122,7 @@ def create_app(
     app.before_request(authenticate)
 
     limiter.init_app(app)
+    app.before_request(refuse_repeated_parameters)
     # Submits have their own budget; other requests share the default one.
     limiter.limit(lambda: settings.ratelimit_submit)(submit_bp)
     limiter.exempt(meta_bp)

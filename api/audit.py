@@ -14,12 +14,14 @@ from flask import Blueprint, Response, jsonify, request
 
 from api.billing import visible_account
 from api.context import db_session, principal
+from api.query import int_arg, optional_int_arg
 from api.schemas import AuditList, AuditOut
 from gpupool import audit as audit_log
 from gpupool.clock import utc_text
 from gpupool.db import utcnow
-from gpupool.errors import ValidationFailed
 
+# Audit rows are numbered by a BIGINT sequence: the largest `before` that can name one.
+MAX_EVENT_ID = 2**63 - 1
 audit_bp = Blueprint("audit", __name__)
 
 DEFAULT_PAGE = 100
@@ -41,23 +43,12 @@ def audit(action: str, *, account: str, target: str | None = None, details: dict
     audit_log.record(db_session(), request_actor(), action, account=account, target=target, details=details, now=utcnow())
 
 
-def _number(name: str, default: int | None) -> int | None:
-    text = request.args.get(name)
-    if text is None:
-        return default
-    if not text.isdigit() or len(text) > 18:
-        raise ValidationFailed(f"{name} must be a whole number", field=name)
-    return int(text)
-
-
 @audit_bp.get("/account/audit")
 def list_audit() -> Response:
     account = visible_account()
-    limit = _number("limit", DEFAULT_PAGE)
-    assert limit is not None  # it has a default
-    if not 1 <= limit <= audit_log.MAX_PAGE:
-        raise ValidationFailed(f"limit must be between 1 and {audit_log.MAX_PAGE}", field="limit")
-    rows = audit_log.events(db_session(), account=account, before_id=_number("before", None), limit=limit)
+    limit = int_arg("limit", DEFAULT_PAGE, 1, audit_log.MAX_PAGE)
+    before = optional_int_arg("before", 1, MAX_EVENT_ID)
+    rows = audit_log.events(db_session(), account=account, before_id=before, limit=limit)
     listed = AuditList(
         events=[
             AuditOut(

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from api.audit import audit
 from api.context import app_state, db_session, principal
 from api.metrics import JOBS_SUBMITTED
+from api.query import int_arg
 from api.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
     JOB_STATES,
@@ -275,24 +276,11 @@ def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
     return created_at, job_id
 
 
-def _int_arg(name: str, default: int, low: int, high: int) -> int:
-    raw = request.args.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise BadRequest(f"{name} must be an integer") from exc
-    if not low <= value <= high:
-        raise BadRequest(f"{name} must be between {low} and {high}")
-    return value
-
-
 @jobs_bp.get("/jobs")
 def list_jobs() -> Response:
     caller = principal()
     session = db_session()
-    limit = _int_arg("limit", 50, 1, MAX_PAGE)
+    limit = int_arg("limit", 50, 1, MAX_PAGE)
     query = select(Job)
     account = request.args.get("account")
     if not caller.is_admin:
@@ -372,8 +360,8 @@ def list_tasks(job_id: str) -> Response:
     """An array job's tasks in index order, paged: ``?limit=`` and ``?cursor=`` (the next index)."""
     job = _array_job(job_id)
     _refresh_if_unfinished(job)
-    limit = _int_arg("limit", 100, 1, MAX_PAGE)
-    start = _int_arg("cursor", 0, 0, 10**6)
+    limit = int_arg("limit", 100, 1, MAX_PAGE)
+    start = int_arg("cursor", 0, 0, 10**6)
     session = db_session()
     rows = list(
         session.scalars(
@@ -477,10 +465,10 @@ def _log_response(job: Job, task: JobTask | None) -> Response:
     if "limit" in request.args and not following:
         raise BadRequest("limit applies to offset reads only")
     max_bytes = app_state().settings.log_read_max_bytes
-    offset = _int_arg("offset", 0, 0, MAX_LOG_OFFSET)
+    offset = int_arg("offset", 0, 0, MAX_LOG_OFFSET)
     # A larger limit is read as the most one answer carries, as documented.
-    limit = min(_int_arg("limit", max_bytes, 1, MAX_LOG_OFFSET), max_bytes)
-    lines = _int_arg("tail", 100, 1, MAX_LOG_LINES)
+    limit = min(int_arg("limit", max_bytes, 1, MAX_LOG_OFFSET), max_bytes)
+    lines = int_arg("tail", 100, 1, MAX_LOG_LINES)
     # State first: a job seen finished here has written its last byte, so an offset
     # that reaches the size read below is truly the end.
     _refresh_if_unfinished(job)

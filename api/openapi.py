@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import gpupool
+from api.audit import MAX_EVENT_ID
 from api.event_schemas import EVENTS, event_models
 from api.jobs import MAX_LOG_LINES, MAX_LOG_OFFSET, MAX_PAGE
 from api.schemas import (
@@ -162,10 +163,10 @@ def _audit_paths(auth_errors: tuple[int, ...], account_param: dict[str, Any]) ->
                 "summary": "The account's audit log, newest first (account admins)",
                 "parameters": [
                     {"name": "limit", "in": "query", "schema": {**number, "maximum": AUDIT_MAX_PAGE, "default": 100}},
-                    {"name": "before", "in": "query", "schema": number, "description": "next_before of the previous page"},
+                    {"name": "before", "in": "query", "schema": {**number, "maximum": MAX_EVENT_ID}, "description": "next_before of the previous page"},
                     account_param,
                 ],
-                "responses": {"200": {"description": "Events", "content": _json("AuditList")}, **_errors(403, 404, 422, *auth_errors)},
+                "responses": {"200": {"description": "Events", "content": _json("AuditList")}, **_errors(400, 403, 404, *auth_errors)},
             }
         },
     }
@@ -219,6 +220,13 @@ def _webhook_events() -> dict[str, Any]:
     return documented
 
 
+def _only_templates(prop: dict[str, Any], names: list[str]) -> None:
+    """A list of template names (maybe nullable): each item one of the operator's templates."""
+    for option in prop.get("anyOf", [prop]):
+        if option.get("type") == "array":
+            option["items"] = {**option.get("items", {}), "enum": names}
+
+
 def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     schemas = _schemas(
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
@@ -228,10 +236,14 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
+    for model in ("KeyCreate", "MemberIn"):
+        _only_templates(schemas[model]["properties"]["templates"], sorted(templates))
     for template in templates.values():
         schemas[template.params_model.__name__] = template.parameter_schema()
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-    auth_errors = (401, 429, 503)
+    # Every operation with a token: 403 when the caller's role in the account, or its key's
+    # scope, does not allow it (gpupool.members' roles, api_keys' scopes).
+    auth_errors = (401, 403, 429, 503)
     task_index = {"name": "index", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
     account_param = {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: another account"}
     return {

@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from api.audit import audit
 from api.context import app_state, db_session, principal
+from api.query import int_arg
 from api.schemas import (
     DeliveryAttemptOut,
     DeliveryOut,
@@ -117,10 +118,7 @@ def _cursor_id() -> int | None:
 def list_deliveries(endpoint_id: str) -> Response:
     endpoint = _own_endpoint(endpoint_id)
     session = db_session()
-    raw_limit = request.args.get("limit", "50")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_DELIVERY_PAGE:
-        raise BadRequest(f"limit must be between 1 and {MAX_DELIVERY_PAGE}")
-    limit = int(raw_limit)
+    limit = int_arg("limit", 50, 1, MAX_DELIVERY_PAGE)
     query = (
         select(WebhookDelivery, WebhookEvent)
         .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)

@@ -67,7 +67,7 @@ def test_an_account_admin_reads_who_changed_what_with_which_credential_and_no_se
     rest = audit_events(client, auth, limit=4, before=first["next_before"])
     assert [e["action"] for e in rest["events"]] == [action for action, *_ in seen[4:]] and rest["next_before"] is None
     refused = client.get("/account/audit?limit=x", headers=auth)
-    assert refused.status_code == 422 and refused.get_json()["error"] == "validation_failed"
+    assert refused.status_code == 400 and refused.get_json()["error"] == "bad_request"
 
 
 def test_only_the_accounts_admins_read_its_log(

@@ -30,12 +30,36 @@ def test_an_empty_period_is_refused_as_its_pattern_says(client: FlaskClient, aut
     assert client.get("/usage", headers=auth).status_code == 200  # left out: this month
 
 
-def test_an_audit_page_of_zero_is_refused_as_its_minimum_says(client: FlaskClient, auth: dict[str, str]) -> None:
-    limit = next(p for p in document(client)["paths"]["/account/audit"]["get"]["parameters"] if p["name"] == "limit")
-    assert limit["schema"]["minimum"] == 1
-    body = assert_error(client.get("/account/audit?limit=0", headers=auth), 422)
+def test_an_audit_page_outside_its_declared_bounds_is_refused(client: FlaskClient, auth: dict[str, str]) -> None:
+    parameters = {p["name"]: p["schema"] for p in document(client)["paths"]["/account/audit"]["get"]["parameters"]}
+    assert parameters["limit"]["minimum"] == 1 and parameters["before"] == {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+    body = assert_error(client.get("/account/audit?limit=0", headers=auth), 400, "bad_request")
     assert "limit must be between 1 and" in body["message"]
-    assert client.get("/account/audit?limit=1", headers=auth).status_code == 200
+    assert_error(client.get("/account/audit?before=0", headers=auth), 400, "bad_request")
+    # A page before a number past any event's is empty, not a refusal of a number the document allows.
+    assert client.get(f"/account/audit?before={2**63 - 1}&limit=1", headers=auth).get_json()["events"] == []
+    assert_error(client.get(f"/account/audit?before={2**63}", headers=auth), 400, "bad_request")
+
+
+def test_a_query_parameter_given_twice_is_refused_whichever_the_route(client: FlaskClient, auth: dict[str, str]) -> None:
+    for path in ("/jobs?limit=5&limit=6", "/account/audit?before=3&before=4", "/usage?period=2026-01&period=2026-02"):
+        body = assert_error(client.get(path, headers=auth), 400, "bad_request")
+        assert "given more than once" in body["message"]
+
+
+def test_every_operation_with_a_token_documents_the_403_a_role_or_scope_answers(client: FlaskClient) -> None:
+    doc = document(client)
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if operation.get("security", doc["security"]):
+                assert "403" in operation["responses"], (method, path)
+
+
+def test_a_key_or_member_limited_to_templates_names_only_the_operators_templates(client: FlaskClient) -> None:
+    schemas = document(client)["components"]["schemas"]
+    for model in ("KeyCreate", "MemberIn"):
+        (array,) = [option for option in schemas[model]["properties"]["templates"]["anyOf"] if option.get("type") == "array"]
+        assert array["items"]["enum"] == ["hello", "inference", "jupyter", "train", "webapp"], model
 
 
 def test_naming_an_account_the_caller_cannot_see_is_a_documented_404(client: FlaskClient, auth: dict[str, str]) -> None:
