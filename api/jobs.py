@@ -55,6 +55,8 @@ jobs_bp = Blueprint("jobs", __name__)
 
 LIST_STATES = frozenset(JOB_STATES)
 MAX_PAGE = 200
+# A task index to start a page from: past any array (max_array_tasks is at most 100,000).
+MAX_TASK_CURSOR = 10**6
 MAX_LOG_LINES = 10_000
 # The largest integer every JSON client holds exactly; far past any log, and pread never overflows.
 MAX_LOG_OFFSET = 2**53 - 1
@@ -302,7 +304,7 @@ def list_jobs() -> Response:
         if "PENDING" in wanted:
             wanted.add(SUBMITTING)
     cursor = request.args.get("cursor")
-    if cursor:
+    if cursor is not None:  # an empty one too: no page was ever given out as ""
         created, job_id = _decode_cursor(cursor)
         # A row comparison, which the indexes on (..., created_at, id) answer as a range.
         query = query.where(tuple_(Job.created_at, Job.id) < (created, job_id))
@@ -361,7 +363,7 @@ def list_tasks(job_id: str) -> Response:
     job = _array_job(job_id)
     _refresh_if_unfinished(job)
     limit = int_arg("limit", 100, 1, MAX_PAGE)
-    start = int_arg("cursor", 0, 0, 10**6)
+    start = int_arg("cursor", 0, 0, MAX_TASK_CURSOR)
     session = db_session()
     rows = list(
         session.scalars(

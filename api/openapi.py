@@ -9,7 +9,7 @@ from pydantic import BaseModel
 import gpupool
 from api.audit import MAX_EVENT_ID
 from api.event_schemas import EVENTS, event_models
-from api.jobs import MAX_LOG_LINES, MAX_LOG_OFFSET, MAX_PAGE
+from api.jobs import MAX_LOG_LINES, MAX_LOG_OFFSET, MAX_PAGE, MAX_TASK_CURSOR
 from api.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
     JOB_STATES,
@@ -241,9 +241,10 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
     for template in templates.values():
         schemas[template.params_model.__name__] = template.parameter_schema()
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
-    # Every operation with a token: 403 when the caller's role in the account, or its key's
-    # scope, does not allow it (gpupool.members' roles, api_keys' scopes).
-    auth_errors = (401, 403, 429, 503)
+    # Every operation with a token: 400 for a query parameter given twice (api.query), 403 when
+    # the caller's role in the account, or its key's scope, does not allow it (gpupool.members'
+    # roles, api_keys' scopes).
+    auth_errors = (400, 401, 403, 429, 503)
     task_index = {"name": "index", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
     account_param = {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: another account"}
     return {
@@ -299,7 +300,10 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                         },
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
                         {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: one account's jobs (default: all)"},
-                        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "cursor", "in": "query", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+={0,2}$"},
+                            "description": "next_cursor of the page before, as the API gave it (400 for any other)",
+                        },
                     ],
                     "responses": {"200": {"description": "A page of jobs", "content": _json("JobList")}, **_errors(400, 404, *auth_errors)},
                 }
@@ -343,7 +347,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
                     "parameters": [
                         job_id,
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
-                        {"name": "cursor", "in": "query", "schema": {"type": "string"}, "description": "next_cursor of the page before"},
+                        {"name": "cursor", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_TASK_CURSOR}, "description": "next_cursor of the page before"},
                     ],
                     "responses": {"200": {"description": "A page of tasks", "content": _json("TaskList")}, **_errors(400, 404, *auth_errors)},
                 }

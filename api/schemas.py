@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from flask import request
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from billing.alerts import MAX_FORECAST_HOURS, MAX_THRESHOLDS, check_thresholds
@@ -56,13 +56,29 @@ def _single_line(value: str) -> str:
     return value
 
 
+def _whole_number(value: object) -> object:
+    """JSON's 2.0 is the integer 2 (JSON Schema's "integer"), which strict validation would refuse as a float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# In a request body's whole numbers, after their bounds (so the document still states them as
+# minimum/maximum): strict (no "2", no true), but 2.0 is 2, as the document's "integer" says.
+WHOLE = BeforeValidator(_whole_number)
+# Far past any cluster's GPUs, and within the database's 32-bit column.
+MAX_GPU_LIMIT = 1_000_000
+# Far past any operator's api_key_max_days (the ceiling applied), and within a date.
+MAX_KEY_DAYS = 100_000
+
+
 class ArrayRequest(BaseModel):
     """``"array"`` of ``POST /submit``: Slurm's ``--array=0-(count-1)%max_parallel``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    count: int | None = Field(default=None, ge=1, description="Tasks, indices 0 to count-1; with a sweep, its number of values.")
-    max_parallel: int | None = Field(default=None, ge=1, le=99999, description="At most this many tasks run at once.")
+    count: Annotated[int, Field(ge=1), WHOLE] | None = Field(default=None, description="Tasks, indices 0 to count-1; with a sweep, its number of values.")
+    max_parallel: Annotated[int, Field(ge=1, le=99999), WHOLE] | None = Field(default=None, description="At most this many tasks run at once.")
 
 
 class SubmitRequest(BaseModel):
@@ -72,11 +88,11 @@ class SubmitRequest(BaseModel):
 
     template: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$", description="Template name, see GET /templates.")
     params: dict[str, Any] = Field(default_factory=dict, description="The template's parameters.")
-    gpus: int | None = Field(default=None, ge=1, le=64, description="GPUs on one node; default from the template.")
+    gpus: Annotated[int, Field(ge=1, le=64), WHOLE] | None = Field(default=None, description="GPUs on one node; default from the template.")
     gpu_type: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", examples=["rtx4090"])
-    cpus: int | None = Field(default=None, ge=1, le=256)
-    mem_gb: int | None = Field(default=None, ge=1, le=4096)
-    time_limit_min: int | None = Field(default=None, ge=1)
+    cpus: Annotated[int, Field(ge=1, le=256), WHOLE] | None = Field(default=None)
+    mem_gb: Annotated[int, Field(ge=1, le=4096), WHOLE] | None = Field(default=None)
+    time_limit_min: Annotated[int, Field(ge=1), WHOLE] | None = Field(default=None)
     container_image: str | None = Field(
         default=None,
         max_length=512,
@@ -91,10 +107,8 @@ class SubmitRequest(BaseModel):
         pattern=r"^https?://[!-~]+$",
         description="Also send this job's webhook events (job.started, job.preempted, job.ended) here; the answer carries its callback_secret.",
     )
-    idle_timeout_min: int | None = Field(
+    idle_timeout_min: Annotated[int, Field(ge=1, le=7 * 24 * 60), WHOLE] | None = Field(
         default=None,
-        ge=1,
-        le=7 * 24 * 60,
         description="Session templates only: stop the session after this many idle minutes (at most the template's own).",
     )
     array: ArrayRequest | None = Field(default=None, description="Run the job as an array of tasks.")
@@ -368,7 +382,7 @@ class MemberIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["admin", "member", "viewer"]
-    gpu_limit: int | None = Field(default=None, ge=0, description="GPUs this member may have queued or running at once")
+    gpu_limit: Annotated[int, Field(ge=0, le=MAX_GPU_LIMIT), WHOLE] | None = Field(default=None, description="GPUs this member may have queued or running at once")
     monthly_limit: str | None = Field(
         default=None, pattern=r"^\d{1,12}(\.\d{1,9})?$", description="This member's spend per UTC month, in the account's currency",
         examples=["250.00"],
@@ -405,7 +419,7 @@ class KeyCreate(BaseModel):
 
     name: Annotated[str, AfterValidator(_single_line), Field(min_length=1, max_length=MAX_KEY_NAME_LENGTH)]
     scope: KeyScope = Field(default="read", description="read: GET only; submit: also submit and cancel; admin: also manage keys.")
-    expires_in_days: int | None = Field(default=None, ge=1, description="Default and ceiling: the operator's api_key_max_days.")
+    expires_in_days: Annotated[int, Field(ge=1, le=MAX_KEY_DAYS), WHOLE] | None = Field(default=None, description="Default and ceiling: the operator's api_key_max_days.")
     templates: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(min_length=1)] | None = Field(
         default=None, description="The only templates the key may submit (default: all its creator may)."
     )
@@ -462,13 +476,13 @@ class AlertsIn(BaseModel):
 
     # Left out keeps the thresholds; null means nothing, so the document does not offer it (SkipJsonSchema).
     thresholds: Annotated[
-        list[Annotated[int, Field(ge=1, le=100)]], Field(min_length=1, max_length=MAX_THRESHOLDS), AfterValidator(_thresholds)
+        list[Annotated[int, Field(ge=1, le=100), WHOLE]], Field(min_length=1, max_length=MAX_THRESHOLDS), AfterValidator(_thresholds)
     ] | SkipJsonSchema[None] = Field(
         default=None,
         description="Percentages of the prepaid credit / monthly limit used, e.g. [50, 80, 100]; each fires once per period.",
         examples=[[50, 80, 100]],
     )
-    forecast_hours: Annotated[int, Field(ge=1, le=MAX_FORECAST_HOURS)] | None = Field(
+    forecast_hours: Annotated[int, Field(ge=1, le=MAX_FORECAST_HOURS), WHOLE] | None = Field(
         default=None,
         description="Alert (budget.forecast) when, at the last 24 hours' spend rate, what is left lasts fewer than this "
         "many hours; null turns the forecast off.",

@@ -47,12 +47,26 @@ def test_a_query_parameter_given_twice_is_refused_whichever_the_route(client: Fl
         assert "given more than once" in body["message"]
 
 
-def test_every_operation_with_a_token_documents_the_403_a_role_or_scope_answers(client: FlaskClient) -> None:
+def test_every_operation_with_a_token_documents_its_400_and_403(client: FlaskClient) -> None:
+    # 400: a parameter given twice, whatever the route; 403: a role or a key's scope.
     doc = document(client)
     for path, item in doc["paths"].items():
         for method, operation in item.items():
             if operation.get("security", doc["security"]):
-                assert "403" in operation["responses"], (method, path)
+                assert {"400", "403"} <= set(operation["responses"]), (method, path)
+
+
+def test_an_empty_cursor_is_no_cursor_the_api_gave_out(client: FlaskClient, auth: dict[str, str]) -> None:
+    assert_error(client.get("/jobs?cursor=", headers=auth), 400, "bad_request")
+
+
+def test_a_whole_number_written_2_0_is_the_integer_the_document_says(client: FlaskClient, auth: dict[str, str]) -> None:
+    # JSON Schema's "integer" takes 2.0; strict validation keeps refusing "2" and 1.5.
+    accepted = client.put("/account/alerts", headers=auth, json={"thresholds": [50.0, 100], "forecast_hours": 48.0})
+    assert accepted.status_code == 200, accepted.get_json()
+    assert (accepted.get_json()["thresholds"], accepted.get_json()["forecast_hours"]) == ([50, 100], 48)
+    for bad in ({"thresholds": ["50"]}, {"thresholds": [50.5]}, {"forecast_hours": True}):
+        assert_error(client.put("/account/alerts", headers=auth, json=bad), 422)
 
 
 def test_a_key_or_member_limited_to_templates_names_only_the_operators_templates(client: FlaskClient) -> None:
