@@ -384,7 +384,7 @@ class MemberIn(BaseModel):
     role: Literal["admin", "member", "viewer"]
     gpu_limit: Annotated[int, Field(ge=0, le=MAX_GPU_LIMIT), WHOLE] | None = Field(default=None, description="GPUs this member may have queued or running at once")
     monthly_limit: str | None = Field(
-        default=None, pattern=r"^\d{1,12}(\.\d{1,9})?$", description="This member's spend per UTC month, in the account's currency",
+        default=None, pattern=r"^\d{1,9}(\.\d{1,9})?$", description="This member's spend per UTC month, in the account's currency",
         examples=["250.00"],
     )
     templates: list[str] | None = Field(default=None, min_length=1, description="The only templates this member may submit")

@@ -13,6 +13,9 @@ from decimal import Decimal, InvalidOperation
 
 NANOS = 10**9
 CENT_NANOS = 10**7
+# The largest amount anyone may enter (a price, a credit, a limit): under a billion in the
+# currency, so that the database's 64-bit columns hold it, and sums of it, exactly.
+MAX_AMOUNT_NANOS = 10**18 - 1
 _AMOUNT = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
 
 
@@ -31,6 +34,8 @@ def parse_nanos(text: str, *, what: str = "amount") -> int:
         raise MoneyError(f"{what} {text!r} is not a decimal number") from exc
     if scaled != scaled.to_integral_value():
         raise MoneyError(f"{what} {text!r} has more than 9 decimal places")
+    if abs(scaled) > MAX_AMOUNT_NANOS:
+        raise MoneyError(f"{what} {text!r} is more than gpupool holds: at most {format_nanos(MAX_AMOUNT_NANOS)}")
     return int(scaled)
 
 

@@ -55,12 +55,14 @@ def start_server(tmp_path: Path, live_db: str, job_root: Path, runas_socket: str
     started: list[Server] = []
 
     def start(
-        *, workers: int = 4, wait: bool = True, config_file: Path | None = None, as_service: bool = False, **settings: str
+        *, workers: int = 4, wait: bool = True, config_file: Path | None = None, as_service: bool = False,
+        gunicorn_args: tuple[str, ...] = (), **settings: str,
     ) -> Server:
         """gunicorn configured by GPUPOOL_* variables, or only by ``config_file`` when given.
 
         ``as_service`` runs it as the unprivileged service user under no_new_privs,
-        as the playbook's systemd unit does (NoNewPrivileges=yes).
+        as the playbook's systemd unit does (NoNewPrivileges=yes); ``gunicorn_args``
+        are gunicorn's own options.
         """
         port = free_port()
         env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
@@ -83,7 +85,10 @@ def start_server(tmp_path: Path, live_db: str, job_root: Path, runas_socket: str
         with open(log_path, "wb") as log:
             as_user = as_service_user_argv() if as_service else []
             process = subprocess.Popen(
-                [*as_user, str(BIN / "gunicorn"), "--workers", str(workers), "--timeout", "30", "--bind", f"127.0.0.1:{port}", "api:create_app()"],
+                [
+                    *as_user, str(BIN / "gunicorn"), "--workers", str(workers), "--timeout", "30", "--bind", f"127.0.0.1:{port}",
+                    *gunicorn_args, "api:create_app()",
+                ],
                 cwd=REPO,
                 env=env,
                 stdout=log,

@@ -15,13 +15,17 @@ from billing.money import MoneyError, format_cents, format_nanos, parse_nanos, r
         (".5", 500_000_000),
         ("0.000000001", 1),
         ("100", 100_000_000_000),
+        ("999999999.999999999", 10**18 - 1),  # the most there is: a 64-bit column holds it and sums of it
+        ("-999999999.999999999", -(10**18 - 1)),
     ],
 )
 def test_parse_nanos_is_exact(text: str, nanos: int) -> None:
     assert parse_nanos(text) == nanos
 
 
-@pytest.mark.parametrize("text", ["0.0000000001", "1e-4", "nan", "inf", "", "12,50", "0x10", "1.2.3", "- 1"])
+@pytest.mark.parametrize(
+    "text", ["0.0000000001", "1e-4", "nan", "inf", "", "12,50", "0x10", "1.2.3", "- 1", "1000000000", "726512750341.352331587"]
+)
 def test_parse_nanos_refuses_what_it_cannot_hold(text: str) -> None:
     with pytest.raises(MoneyError):
         parse_nanos(text)
