@@ -35,12 +35,13 @@ run: preflight
 
 # The whole suite against the real local cluster, PostgreSQL and Redis, in two runs:
 # first the suites that wait on Slurm and share its one node (one test at a time),
-# then the CPU-bound ones (the playbook rendered ~80 times, billing replays, the unit
-# and app tiers) on both cores with pytest-xdist; each worker makes its own databases
-# and Slurm accounts, and a module's tests share one worker (--dist loadfile).
+# then the CPU-bound ones (the playbook rendered ~80 times and run on this machine, billing
+# replays, the unit and app tiers) on both cores with pytest-xdist; each worker makes its
+# own databases and Slurm accounts, and a module's tests share one worker unless the
+# module says which of its fixtures are shared (--dist loadgroup; tests/conftest.py).
 # JUNIT_DIR: where each run writes its JUnit XML (.ci/run names the slowest tests from it).
 TEST_SERIAL := tests/api tests/billing/test_billing_cluster.py tests/billing/test_report_cluster.py tests/client \
-	tests/live tests/local tests/cluster/test_playbook.py tests/multinode tests/freshhost tests/realhosts
+	tests/live tests/local tests/multinode tests/freshhost tests/realhosts
 TEST_PARALLEL := tests/billing tests/cluster tests/unit tests/app
 TEST_WORKERS ?= 2
 JUNIT_DIR ?=
@@ -48,7 +49,7 @@ junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 test: venv-test services cluster
 	status=0; \
 	$(VENV)/bin/pytest $(TEST_SERIAL) $(call junit,test-serial) $(PYTEST_ARGS) || status=$$?; \
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(TEST_PARALLEL) \
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(TEST_PARALLEL) \
 		$(addprefix --ignore=,$(filter tests/billing/% tests/cluster/%,$(TEST_SERIAL))) \
 		$(call junit,test-parallel) $(PYTEST_ARGS) || status=$$?; \
 	exit $$status

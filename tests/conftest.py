@@ -51,6 +51,28 @@ REDIS_URL = os.environ.get("GPUPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
 JWT_SECRET = "test-secret-" + "k" * 40
 SUITE_NOW = parse_instant(os.environ["GPUPOOL_TEST_NOW"]) if os.environ.get("GPUPOOL_TEST_NOW") else system_clock().replace(microsecond=0)
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Where each test may run under ``--dist loadgroup`` (make test's CPU-bound half, two workers).
+
+    A module's tests stay on one worker, as with ``--dist loadfile``, so its module-scoped
+    fixtures are made once. A module whose slow fixtures only some tests share names them
+    in ``XDIST_SHARED_FIXTURES``: the tests of each such fixture stay together, and every
+    other test of the module may go to either worker (the playbook render tests, of which
+    a quarter render for themselves). Without xdist the mark does nothing.
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        module_id = item.nodeid.split("::", 1)[0]
+        shared = getattr(getattr(item, "module", None), "XDIST_SHARED_FIXTURES", None)
+        if shared is None:
+            group = module_id
+        else:
+            used = sorted(set(getattr(item, "fixturenames", ())) & set(shared))
+            group = f"{module_id}::{used[0]}" if used else item.nodeid
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def sacct_row(slurm_job_id: int, fields: str = "JobID,Account,AllocTRES,State,ExitCode,ElapsedRaw,Comment") -> dict[str, str]:
     """Slurm's accounting record of one allocation, keyed on sacct's header."""
     rows = parse_delimited(slurm_cmd("sacct", "-X", "-P", "-j", str(slurm_job_id), "-o", fields))

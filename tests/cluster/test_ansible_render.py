@@ -127,6 +127,10 @@ def summary(out: Path, host: str) -> dict[str, object]:
     return json.loads((out / f"{host}-summary.json").read_text())
 
 
+# Tests of these share one render of the example site (about a minute of both cores each); the
+# rest render what they check for themselves and may run on either xdist worker (tests/conftest.py).
+XDIST_SHARED_FIXTURES = ("rendered", "rendered_noble")
+
 @pytest.fixture(scope="module")
 def rendered(repo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rendered]:
     ansible_dir = repo_root / "deploy" / "ansible"
