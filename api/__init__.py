@@ -23,6 +23,7 @@ from api.caches import ExpiringCache, TimedCache
 from api.context import AppState, close_db_session
 from api.docs_page import docs_bp
 from api.errors import register_error_handlers
+from api.files import files_bp
 from api.jobs import jobs_bp, submit_bp
 from api.keys import keys_bp
 from api.members import members_bp
@@ -132,7 +133,8 @@ def create_app(
     limiter.exempt(session_proxy_bp)
 
     for blueprint in (
-        meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, alerts_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp, keys_bp, members_bp, audit_bp
+        meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, alerts_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp, keys_bp, members_bp, audit_bp,
+        files_bp,
     ):
         app.register_blueprint(blueprint)
     register_pages(app, settings, limiter)

@@ -9,7 +9,7 @@ from flask_limiter import RequestLimit
 from werkzeug.exceptions import TooManyRequests
 
 from api.context import app_state, db_session
-from gpupool.api_keys import is_api_key, principal_for_key, require_scope
+from gpupool.api_keys import TEMPLATE_ENDPOINTS, is_api_key, principal_for_key, require_scope
 from gpupool.db import utcnow
 from gpupool.errors import Forbidden, Unauthorized
 from gpupool.members import require_role
@@ -92,7 +92,8 @@ def _authenticate() -> None:
     if is_api_key(token):
         # Keys are checked against their row on every request: a revocation or expiry shows at once.
         g.principal = principal_for_key(db_session(), token, utcnow())
-        body = request.get_json(silent=True) if request.is_json else None
+        # Only where a key's templates matter: elsewhere the body may be a large upload, never read whole.
+        body = request.get_json(silent=True) if request.is_json and request.endpoint in TEMPLATE_ENDPOINTS else None
         require_scope(g.principal, request.method, request.endpoint, body.get("template") if isinstance(body, dict) else None)
     else:
         g.principal = principal_for_token(token)

@@ -14,8 +14,10 @@ from api.context import app_state, calendar_now, db_session, principal
 from billing.calendar import check_period, period_of
 from billing.invoice import invoice_csv_chunks, invoice_filename
 from billing.usage import usage
+from gpupool.config import Settings
 from gpupool.errors import NotFound
 from gpupool.models import Account
+from gpupool.storage.volumes import volume_usage
 
 billing_bp = Blueprint("billing", __name__)
 
@@ -61,4 +63,20 @@ def get_usage() -> Response:
     asked = request.args.get("period")
     period = period_of(now) if asked is None else check_period(asked)
     account = visible_account()
-    return jsonify(usage(db_session(), account, period, app_state().settings.currency, now))
+    settings = app_state().settings
+    answer = usage(db_session(), account, period, settings.currency, now)
+    if settings.storage_root:
+        answer["storage"] = storage_usage(settings, db_session().get(Account, account))
+    return jsonify(answer)
+
+
+def storage_usage(settings: Settings, account: Account | None) -> dict[str, int | None]:
+    """The account's quota (the database's) and what its filesystem says it holds now: no walk of its files."""
+    name = account.name if account is not None else ""
+    quota = account.storage_quota(settings.storage_default_quota_bytes) if account is not None else 0
+    measured = volume_usage(settings, name) if name else None
+    return {
+        "quota_bytes": quota,
+        "stored_bytes": measured.stored_bytes if measured is not None else None,
+        "available_bytes": measured.available_bytes if measured is not None else None,
+    }

@@ -27,9 +27,11 @@ STATUS_BY_ERROR: tuple[tuple[type[e.GpupoolError], int], ...] = (
     (e.Forbidden, 403),
     (e.NotFound, 404),
     (e.Conflict, 409),
+    (e.LengthRequired, 411),
     (e.PayloadTooLarge, 413),
     (e.UnsupportedMediaType, 415),
     (e.ValidationFailed, 422),
+    (e.StorageQuotaExceeded, 507),
     (e.ServiceUnavailable, 503),
     (e.MigrationRequired, 503),
     # Usage cannot be priced, so the service cannot sell it: an operator must act.
@@ -45,16 +47,19 @@ _HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    411: "length_required",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    416: "range_not_satisfiable",
     422: "validation_failed",
     429: "rate_limited",
     503: "service_unavailable",
+    507: "insufficient_storage",
 }
 # Details safe to show a customer; stderr and argv stay in the log.
 _PUBLIC_DETAILS = (
     "unknown", "valid", "errors", "job_id", "allowed", "remaining", "required", "currency",
-    "limit", "in_use", "asked", "spent_this_month", "role",
+    "limit", "in_use", "asked", "spent_this_month", "role", "offset", "quota_bytes", "stored_bytes", "available_bytes",
 )
 
 

@@ -9,6 +9,9 @@ from pydantic import BaseModel
 import gpupool
 from api.audit import MAX_EVENT_ID
 from api.event_schemas import EVENTS, event_models
+from api.files import DEFAULT_PAGE as FILES_DEFAULT_PAGE
+from api.files import MAX_PAGE as FILES_MAX_PAGE
+from api.files import UPLOAD_OFFSET
 from api.jobs import MAX_LOG_LINES, MAX_LOG_OFFSET, MAX_PAGE, MAX_TASK_CURSOR
 from api.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
@@ -18,6 +21,8 @@ from api.schemas import (
     AuditList,
     DeliveryList,
     ErrorOut,
+    FileList,
+    FileOut,
     JobList,
     JobOut,
     KeyCreate,
@@ -199,6 +204,86 @@ def _member_paths(auth_errors: tuple[int, ...], account_param: dict[str, Any]) -
     }
 
 
+_FILE_PATH = {
+    "name": "path", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 4096},
+    "description": "Relative to your storage, names joined by /; a trailing / names a folder. No '..', '.', empty "
+    "names, NUL or control characters, no leading / (400 path_invalid); a name is at most 255 bytes of UTF-8",
+}
+_LISTING_PARAMS = [
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": FILES_MAX_PAGE, "default": FILES_DEFAULT_PAGE}},
+    {"name": "cursor", "in": "query", "schema": {"type": "string"}, "description": "next_cursor of the page before"},
+]
+_DOWNLOAD_HEADERS = {
+    "ETag": {"schema": {"type": "string"}},
+    "Last-Modified": {"schema": {"type": "string"}},
+    "Accept-Ranges": {"schema": {"const": "bytes"}},
+    UPLOAD_OFFSET: {"description": "HEAD only: bytes an interrupted upload of this path holds (0: none), also on a 404", "schema": {"type": "integer"}},
+}
+_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+def _file_paths(auth_errors: tuple[int, ...]) -> dict[str, Any]:
+    """``/files``: the account's storage (api.files, gpupool.storage)."""
+    listing = {"description": "A page of the folder's entries", "content": _json("FileList")}
+    return {
+        "/files/": {
+            "get": {
+                "summary": "The top of your storage: a page of its entries",
+                "parameters": _LISTING_PARAMS,
+                "responses": {"200": listing, **_errors(400, 404, *auth_errors)},
+            }
+        },
+        "/files/{path}": {
+            "get": {
+                "summary": "Download a file (Range: one range, 206; If-None-Match, If-Modified-Since: 304), or list a folder",
+                "description": "Served as it is stored, as an attachment (application/octet-stream). A symbolic link is never "
+                "followed: 404, as for a missing name. HEAD answers the same headers and Upload-Offset.",
+                "parameters": [_FILE_PATH, *_LISTING_PARAMS, {"name": "Range", "in": "header", "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "The file, or a folder's listing", "headers": _DOWNLOAD_HEADERS, "content": {**_BYTES, **_json("FileList")}},
+                    "206": {"description": "The range asked for (Content-Range)", "headers": _DOWNLOAD_HEADERS, "content": _BYTES},
+                    "304": {"description": "Not modified"},
+                    "416": {"description": "No byte of the range is in the file (Content-Range: bytes */size)", "content": _json("ErrorOut")},
+                    **_errors(400, 404, 409, *auth_errors),
+                },
+            },
+            "put": {
+                "summary": "Upload a file (streamed; whole or not at all under its name), or make a folder (path ending in /)",
+                "description": f"Content-Length is required (411). The body goes to the path's upload in progress and is renamed "
+                f"into place once complete: a reader sees the old file or the whole new one. A body cut off keeps what arrived: "
+                f"HEAD tells how much ({UPLOAD_OFFSET}); PUT the rest with {UPLOAD_OFFSET}: N to complete it (409 "
+                f"upload_offset_mismatch, with `offset`, when N is not what is kept). One upload of a path at a time (409 "
+                f"upload_in_progress). Past the quota: 507 storage_quota_exceeded, and the upload's bytes are removed.",
+                "parameters": [
+                    _FILE_PATH,
+                    {"name": UPLOAD_OFFSET, "in": "header", "schema": {"type": "integer", "minimum": 0},
+                     "description": "Continue an interrupted upload: the bytes it holds (HEAD); the body is the rest"},
+                ],
+                "requestBody": {"content": _BYTES},
+                "responses": {
+                    "200": {"description": "Replaced", "content": _json("FileOut")},
+                    "201": {"description": "Created", "content": _json("FileOut")},
+                    **_errors(400, 403, 404, 409, 411, 507, *auth_errors),
+                },
+            },
+            "delete": {
+                "summary": "Delete a file, a link or an empty folder (recursive=true: any folder), and the path's upload in progress",
+                "parameters": [_FILE_PATH, {"name": "recursive", "in": "query", "schema": {"enum": ["true", "false"]}}],
+                "responses": {"204": {"description": "Deleted"}, **_errors(400, 403, 404, 409, *auth_errors)},
+            },
+            "post": {
+                "summary": "Move (rename) a file or folder within your storage",
+                "parameters": [
+                    _FILE_PATH,
+                    {"name": "move_to", "in": "query", "required": True, "schema": {"type": "string"}, "description": "The new path"},
+                    {"name": "overwrite", "in": "query", "schema": {"enum": ["true", "false"]}, "description": "Replace a file at move_to (409 already_exists otherwise)"},
+                ],
+                "responses": {"200": {"description": "Moved", "content": _json("FileOut")}, **_errors(400, 403, 404, 409, *auth_errors)},
+            },
+        },
+    }
+
+
 def _webhook_events() -> dict[str, Any]:
     """OpenAPI 3.1 ``webhooks``: what gpupool POSTs to registered endpoints and callback URLs (api.event_schemas)."""
     answer = {"2XX": {"description": "Received; any other answer, or none within the timeout, is retried with backoff for 24 h"}}
@@ -232,7 +317,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
         SubmitRequest, JobOut, SubmitOut, JobList, TemplateList, ErrorOut, UsageOut,
         WebhookCreate, WebhookCreated, WebhookList, DeliveryList, SessionOut, QuoteOut, TaskList, TaskOut, ReportOut,
         MemberIn, MemberOut, MemberList,
-        KeyCreate, KeyCreated, KeyList, AlertsIn, AlertsOut, AuditList, *event_models(),
+        KeyCreate, KeyCreated, KeyList, AlertsIn, AlertsOut, AuditList, FileList, FileOut, *event_models(),
     )
     # The operator's templates are the only valid names; pydantic checks the shape, the app the name.
     schemas["SubmitRequest"]["properties"]["template"]["enum"] = sorted(templates)
@@ -401,7 +486,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
             },
             "/usage": {
                 "get": {
-                    "summary": "GPU-seconds and money by GPU type and by day, and the balance",
+                    "summary": "GPU-seconds and money by GPU type and by day, the balance, and the storage stored and its quota",
                     "parameters": [
                         {"name": "period", "in": "query", "schema": {"type": "string", "pattern": PERIOD.pattern}, "description": "Default: this month"},
                         account_param,
@@ -432,6 +517,7 @@ def openapi_document(templates: dict[str, Template]) -> dict[str, Any]:
             **_key_paths(auth_errors),
             **_member_paths(auth_errors, account_param),
             **_audit_paths(auth_errors, account_param),
+            **_file_paths(auth_errors),
             "/admin/report": {
                 "get": {
                     "summary": "Admin tokens only (404 to anyone else): revenue, utilization, queue wait and payback",

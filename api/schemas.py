@@ -299,6 +299,12 @@ class BalanceOut(BaseModel):
     remaining: str | None = Field(description="What the tighter budget leaves; null when the account has none")
 
 
+class StorageUsageOut(BaseModel):
+    quota_bytes: int = Field(description="The account's storage quota: the size of its filesystem, set by the operator")
+    stored_bytes: int | None = Field(description="Bytes its files take now, as the filesystem counts them (no walk); null when its storage is not set up")
+    available_bytes: int | None = Field(description="What can still be written: a write past it fails (507 storage_quota_exceeded, ENOSPC in a job)")
+
+
 class UsageOut(BaseModel):
     account: str
     period: str
@@ -310,6 +316,32 @@ class UsageOut(BaseModel):
     by_gpu_type: list[UsageByType]
     by_day: list[UsageByDay]
     balance: BalanceOut
+    storage: StorageUsageOut | None = Field(default=None, description="The account's storage (GET /files/); null where the site has none")
+
+
+FileType = Literal["file", "folder", "link", "other"]
+
+
+class FileEntry(BaseModel):
+    name: str
+    type: FileType = Field(description="A link is listed as itself and never followed: it cannot be read through the API")
+    size: int | None = Field(description="Bytes, for a file; null otherwise")
+    modified: str = Field(description="Last change, UTC (ISO 8601)")
+
+
+class FileList(BaseModel):
+    path: str = Field(description="The folder listed, relative to your storage ('' is its top)")
+    entries: list[FileEntry] = Field(description="In code point order of their names")
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last")
+    unlisted: int = Field(description="Names on this page's range that are not UTF-8: they cannot be named through the API")
+
+
+class FileOut(BaseModel):
+    path: str
+    type: FileType
+    size: int | None
+    modified: str
+    etag: str | None = Field(default=None, description="A file's ETag, as GET sends it")
 
 
 class SubmitOut(JobOut):

@@ -44,6 +44,7 @@ from gpupool.models.jobs import SUBMITTING
 from gpupool.render import ArraySpec, JobSpec, RenderedJob, param_text, render
 from gpupool.sessions import new_session
 from gpupool.slurm.client import GpuInventory
+from gpupool.storage.paths import account_storage_dir
 from gpupool.templates import Template
 from gpupool.tokens import Principal
 from gpupool.webhooks import add_job_callback, check_destination
@@ -217,6 +218,7 @@ def _spec(app: AppState, job: Job) -> JobSpec:
         session_ports=app.settings.session_ports if template.session is not None else None,
         array=_array_spec(job),
         preemptible=job.preemptible,
+        data_dir=account_storage_dir(app.settings.storage_root, job.account) if app.settings.storage_root else None,
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from gpupool.clock import Clock, FrozenClock, parse_instant, system_clock
 from gpupool.errors import ConfigError
+from gpupool.storage.sizes import parse_size
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -52,7 +53,7 @@ CREDENTIAL_FIELDS = (
 IDLE_MIN_SAMPLE_RETENTION_MIN = 70
 # Slurm keeps GrpSubmitJobs in 32 bits; far above any job table slurmctld can hold.
 MAX_SUBMIT_JOBS = 1_000_000
-_PATH_FIELDS = ("templates_dir", "job_root", "runas_socket", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
+_PATH_FIELDS = ("templates_dir", "job_root", "storage_root", "runas_socket", "jwt_public_key_file", "jwt_private_key_file", "billing_archive_dir")
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,19 @@ class Settings:
     templates_dir: str = "slurm_templates"
     job_root: str = "var/jobs"
     job_path: str = "/usr/local/bin:/usr/bin:/bin"
+    # Each account's storage (gpupool.storage): storage_root/<account> is the mount point of the
+    # account's own filesystem, whose size is its quota; jobs see it as $GPUPOOL_DATA (/data in a
+    # container) and the API serves it under /files. Empty (the default): no storage at all; the
+    # playbook sets /srv/gpupool/data, make run /var/lib/gpupool/data.
+    storage_root: str = ""
+    # An account's quota when the operator gives none of its own (`account create --storage-quota`):
+    # a size with a binary unit (K, M, G, T: 10G is 10 GiB), preallocated on the storage host.
+    storage_default_quota: str = "10G"
+    # The interpreter the storage agent runs under as the tenant: the host's own, since a tenant may
+    # execute nothing of gpupool's installation (gpupool.storage.agent).
+    storage_agent_python: str = "/usr/bin/python3"
+    # The most one storage operation (an open, a listing, a recursive delete) may take in the helper.
+    storage_op_timeout_s: float = 30.0
     container_runtime: str = "none"
     container_allowlist: tuple[str, ...] = ()
     container_mounts: tuple[str, ...] = ()
@@ -306,6 +320,15 @@ class Settings:
             self.gpu_exporter_url.format(node="node", port=self.gpu_exporter_port)
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"gpu_exporter_url may name only {{node}} and {{port}}: {exc}") from exc
+        try:
+            parse_size(self.storage_default_quota)
+        except ValueError as exc:
+            raise ConfigError(f"storage_default_quota: {exc}") from exc
+        for mount in self.container_mounts if self.storage_root else ():
+            if mount.split(":")[1:2] == ["/data"]:
+                raise ConfigError(f"container_mounts: {mount!r} mounts over /data, where jobs see their account's storage")
+        if self.storage_op_timeout_s <= 0:
+            raise ConfigError("storage_op_timeout_s must be positive")
         if self.idle_window_min < 0 or self.idle_grace_min < 0 or not 0 <= self.idle_threshold_pct <= 100:
             raise ConfigError("idle_window_min and idle_grace_min must be 0 or more, idle_threshold_pct 0 to 100")
         if self.idle_sample_retention_min < IDLE_MIN_SAMPLE_RETENTION_MIN:
@@ -313,6 +336,10 @@ class Settings:
                 f"idle_sample_retention_min must be at least {IDLE_MIN_SAMPLE_RETENTION_MIN}: "
                 "each idle check recounts the last hour's idle GPU-seconds from its samples"
             )
+
+    @property
+    def storage_default_quota_bytes(self) -> int:
+        return parse_size(self.storage_default_quota)
 
     def calendar_clock(self) -> Clock:
         """The clock of decisions by the calendar: frozen at ``calendar_now`` when set, else the system clock."""

@@ -15,14 +15,17 @@
     │   ├── Conflict                state or idempotency clash (409)
     │   │   ├── LogUnavailable      the job's log is a link, FIFO or foreign file (409)
     │   │   └── TooManyJobs         the account holds as many jobs as Slurm lets it queue (409)
+    │   ├── LengthRequired          an upload without Content-Length (411)
     │   ├── PayloadTooLarge         body over the configured limit (413)
     │   ├── UnsupportedMediaType    body is not JSON (415)
+    │   ├── StorageQuotaExceeded    the account's storage is full: its quota (507)
     │   └── ValidationFailed        well-formed but invalid values (422)
     │       ├── SlurmRejected       Slurm refused the job outright (422)
     │       └── WebhookUrlRefused   a webhook URL that resolves nowhere or inside the network (422)
     └── ServiceUnavailable          a dependency is down or slow (503)
         ├── DatabaseUnavailable
         ├── RunasUnavailable        the run-as helper is not answering on its socket
+        ├── StorageUnavailable      the account's storage is not mounted, or failed (I/O error)
         └── SlurmUnavailable
             ├── CommandTimedOut     a Slurm command ran past its timeout
             ├── SubmissionUncertain sbatch failed after slurmctld may have taken the job
@@ -118,6 +121,16 @@ class LogUnavailable(Conflict):
     code = "log_unavailable"
 
 
+class LengthRequired(RequestError):
+    code = "length_required"
+
+
+class StorageQuotaExceeded(RequestError):
+    """The account's filesystem is full: its quota, which the kernel enforces (ENOSPC), whoever writes."""
+
+    code = "storage_quota_exceeded"
+
+
 class PayloadTooLarge(RequestError):
     code = "payload_too_large"
 
@@ -158,6 +171,10 @@ class DatabaseUnavailable(ServiceUnavailable):
 
 class RunasUnavailable(ServiceUnavailable):
     code = "runas_unavailable"
+
+
+class StorageUnavailable(ServiceUnavailable):
+    code = "storage_unavailable"
 
 
 class SlurmUnavailable(ServiceUnavailable):

@@ -79,6 +79,11 @@ ENDPOINT_ROLES: Mapping[str, frozenset[str]] = {
     "members.delete_member": ADMINS,
     # Who did what in the account, from where: its admins.
     "audit.list_audit": ADMINS,
+    # The account's storage is shared by its members: they read and write it, viewers read.
+    "files.get_file": ALL_ROLES,
+    "files.put_file": WRITERS,
+    "files.delete_file": WRITERS,
+    "files.move_file": WRITERS,
     "templates.list_templates": ALL_ROLES,
     "admin.get_report": ALL_ROLES,  # operators only, checked by api.admin itself
 }

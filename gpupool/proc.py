@@ -124,3 +124,37 @@ def run_command(
     if check and completed.returncode != 0:
         raise CommandFailed(args, completed.returncode, completed.stderr)
     return result
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    run_as: RunAs,
+    pass_fds: Sequence[int],
+    env: Mapping[str, str],
+    cwd: str = "/",
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as ``run_as`` (through setpriv) with ``pass_fds`` kept open; the caller talks to it and waits.
+
+    For a child that answers over a socket it inherits rather than on its
+    standard streams (gpupool.storage.broker); stdin and stdout are /dev/null,
+    stderr a pipe the caller reads after the child exits.
+    """
+    if isinstance(argv, str):
+        raise TypeError("argv must be a sequence of arguments, not a string")
+    command = (SETPRIV, f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--", *argv)
+    try:
+        return subprocess.Popen(  # noqa: S603 - list argv, shell=False
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            shell=False,
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+            cwd=cwd,
+            umask=run_as.umask,
+        )
+    except FileNotFoundError as exc:
+        raise CommandNotFound(tuple(argv), 127, f"{SETPRIV}: command not found") from exc

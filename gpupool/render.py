@@ -76,6 +76,8 @@ class JobSpec:
     array: ArraySpec | None = None
     # A spot job: the QOS any full-price job may preempt; requeued when it is (its own runs' price tier).
     preemptible: bool = False
+    # The account's storage (gpupool.storage), as $GPUPOOL_DATA; in a container it is mounted at /data.
+    data_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -204,8 +206,18 @@ def gres(gpus: int, gpu_type: str | None) -> str:
     return f"gpu:{gpu_type}:{gpus}" if gpu_type else f"gpu:{gpus}"
 
 
+# Where a container sees the account's storage.
+CONTAINER_DATA_DIR = "/data"
+
+
+def container_mounts(job_dir: str, data_dir: str | None, extra: tuple[str, ...]) -> str:
+    """pyxis's ``--container-mounts``: the job's folder at its own path, the account's storage at /data, the site's."""
+    data = (f"{data_dir}:{CONTAINER_DATA_DIR}",) if data_dir else ()
+    return ",".join((f"{job_dir}:{job_dir}", *data, *extra))
+
+
 def _container_mounts(spec: JobSpec) -> str:
-    return ",".join((f"{spec.job_dir}:{spec.job_dir}", *spec.container_mounts))
+    return container_mounts(spec.job_dir, spec.data_dir, spec.container_mounts)
 
 
 def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
@@ -302,8 +314,13 @@ def _docker_wrapped(spec: JobSpec, env_names: list[str]) -> list[str]:
         f"  --memory {spec.mem_gb}g \\",
     ]
     slurm_vars = (*_SLURM_VARS_FOR_CONTAINER, *(_SLURM_ARRAY_VARS if spec.array is not None else ()))
-    lines += [f"  --env {name} \\" for name in (*env_names, *slurm_vars)]
-    for mount in (f"{spec.job_dir}:{spec.job_dir}", *spec.container_mounts):
+    # Each variable as the script has it, but the storage, which the container sees at /data.
+    lines += [
+        f"  --env {name}={CONTAINER_DATA_DIR} \\" if name == "GPUPOOL_DATA" else f"  --env {name} \\"
+        for name in (*env_names, *slurm_vars)
+    ]
+    data = (f"{spec.data_dir}:{CONTAINER_DATA_DIR}",) if spec.data_dir else ()
+    for mount in (f"{spec.job_dir}:{spec.job_dir}", *data, *spec.container_mounts):
         lines.append(f"  --volume {shlex.quote(mount)} \\")
     lines += [
         f"  --workdir {shlex.quote(spec.job_dir)} \\",
@@ -332,6 +349,10 @@ def render(spec: JobSpec) -> RenderedJob:
         ("GPUPOOL_JOB_DIR", shell_quote(spec.job_dir)),
         ("GPUPOOL_TEMPLATE", shell_quote(spec.template)),
     ]
+    if spec.data_dir:
+        # The storage's own path on the node; /data where the script runs inside a pyxis container.
+        in_container = spec.runtime == "pyxis" and spec.container_image
+        env.append(("GPUPOOL_DATA", shell_quote(CONTAINER_DATA_DIR if in_container else spec.data_dir)))
     if spec.session_ports is not None:
         env.append(("GPUPOOL_SESSION_PORTS", shell_quote(spec.session_ports)))
     env += [(param_env_name(name), _shell_value(spec.params[name])) for name in sorted(spec.params)]

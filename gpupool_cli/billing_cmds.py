@@ -26,6 +26,7 @@ from gpupool.config import Settings
 from gpupool.errors import GpupoolError, NotFound, ValidationFailed
 from gpupool.models import Account, Adjustment
 from gpupool.slurm.client import SlurmClient
+from gpupool_cli.storage_cmds import check_growth, set_quota_note, storage_size
 
 PRICE_TIERS = (NORMAL_TIER, SPOT_TIER)
 _GPU_TYPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
@@ -263,6 +264,9 @@ def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
             account.prepaid_credit_nanos = args.credit
         if args.monthly_limit is not _UNSET:
             account.monthly_limit_nanos = args.monthly_limit
+        if args.storage_quota is not None:
+            check_growth(settings, args.name, args.storage_quota)
+            account.storage_quota_bytes = args.storage_quota
         if args.alert_thresholds is not None or args.alert_email is not None or args.forecast_hours is not _UNSET:
             try:
                 set_alert_settings(
@@ -276,6 +280,8 @@ def cmd_account_set(settings: Settings, args: argparse.Namespace) -> int:
         summary = balance(session, args.name, now).as_json()
     shown = ", ".join(f"{key}={value if value is not None else '-'}" for key, value in summary.items())
     print(f"account {args.name}: {shown} ({settings.currency})")
+    if args.storage_quota is not None and settings.storage_root:
+        print(set_quota_note(settings, args.name, args.storage_quota))
     # At once, not at the next billing pass: a direct sbatch must not outrun the new budget.
     return _push_budgets(sessions, SlurmClient(settings), accounts=[args.name])
 
@@ -296,6 +302,8 @@ def _account_set_details(args: argparse.Namespace) -> dict[str, object]:
         given["alert_email"] = args.alert_email
     if args.forecast_hours is not _UNSET:
         given["forecast_hours"] = args.forecast_hours
+    if args.storage_quota is not None:
+        given["storage_quota_bytes"] = args.storage_quota
     return given
 
 
@@ -369,7 +377,7 @@ def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._
     invoice.add_argument("-o", "--output", help="file to write (default: gpupool-invoice-ACCOUNT-PERIOD.csv; - for stdout)")
     invoice.set_defaults(handler=cmd_invoice)
 
-    account_set = account_sub.add_parser("set", help="budgets: prepaid credit and monthly spend limit")
+    account_set = account_sub.add_parser("set", help="budgets (prepaid credit, monthly spend limit), spend alerts, storage quota")
     account_set.add_argument("name")
     account_set.add_argument("--credit", type=_optional_money, default=_UNSET, help="total prepaid credit, or none")
     account_set.add_argument("--monthly-limit", type=_optional_money, default=_UNSET, help="spend cap per UTC month, or none")
@@ -380,5 +388,9 @@ def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._
     account_set.add_argument(
         "--forecast-hours", type=_forecast_hours, default=_UNSET,
         help="alert (budget.forecast) when the last 24 hours' rate empties a budget within this many hours; 'none': off",
+    )
+    account_set.add_argument(
+        "--storage-quota", type=storage_size, default=None, metavar="SIZE",
+        help="size of the account's storage, e.g. 1T; it only grows (as root the volume grows at once)",
     )
     account_set.set_defaults(handler=cmd_account_set)

@@ -2,7 +2,9 @@
 
 Exit status: 0 on success, 1 when gpupool refuses or a dependency fails
 (the message says which), 2 for a malformed command line; ``idle check``: 3
-when the pass ran but some node's GPU exporter did not answer.
+when the pass ran but some node's GPU exporter did not answer; ``account
+create``: 3 when the account is made but its storage volume could not be
+(``gpupool storage sync NAME`` makes it once the cause is fixed).
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from gpupool.models import ACCOUNT_NAME, Account
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.runas import exec_lean_helper
 from gpupool.slurm.tenants import ensure_tenant_folder, ensure_tenant_user
+from gpupool.storage.sizes import format_size
 from gpupool_cli.audit_cmds import add_audit_parsers
 from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool_cli.idle_cmds import add_idle_parsers
 from gpupool_cli.member_cmds import add_member_parsers, migrate_members, print_migrated
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
+from gpupool_cli.storage_cmds import EXIT_STORAGE_FAILED, add_storage_parsers, apply_volume, check_growth, storage_size
 from gpupool_cli.token_cmds import add_token_parsers
 from gpupool_cli.webhook_cmds import add_email_parsers, add_webhook_parsers
 
@@ -89,6 +93,11 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
         existing = session.get(Account, args.name)
         recorded_uid = existing.unix_uid if existing is not None else None
         taken = {uid for uid in session.scalars(select(Account.unix_uid)) if uid is not None}
+        quota_bytes = args.storage_quota if args.storage_quota is not None else (
+            existing.storage_quota_bytes if existing is not None else None
+        )
+    if settings.storage_root and quota_bytes is not None:
+        check_growth(settings, args.name, quota_bytes)
     # Unix user and Slurm first: a database row alone could take jobs nobody can run.
     tenant = ensure_tenant_user(settings, args.name, uid=recorded_uid, taken_uids=taken)
     ensure_tenant_folder(settings, tenant)
@@ -105,11 +114,12 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
         account.gpu_limit = args.gpu_limit
         account.max_submit_jobs = args.max_submit_jobs
         account.unix_user, account.unix_uid = tenant.user, tenant.uid
+        account.storage_quota_bytes = quota_bytes
         audit.record(
             session, audit.operator_actor(), audit.ACCOUNT_CREATE, account=args.name, now=db.utcnow(),
             details={
                 "gpu_limit": args.gpu_limit, "max_submit_jobs": args.max_submit_jobs, "unix_user": tenant.user,
-                "existed": verb == "updated",
+                "existed": verb == "updated", "storage_quota_bytes": quota_bytes,
             },
         )
     print(f"account {args.name} {verb} ({_slurm_limits(args.gpu_limit, job_limit)}; "
@@ -125,7 +135,19 @@ def cmd_account_create(settings: Settings, args: argparse.Namespace) -> int:
         )
     # Run again for an account with members, it is also `gpupool member migrate <account>`.
     done, skipped = migrate_members(settings, session_factory, [args.name])
-    return print_migrated(done, skipped)
+    status = print_migrated(done, skipped)
+    if settings.storage_root:
+        # Last: the account works without it, and a host that cannot make it says why (exit 3).
+        try:
+            print(apply_volume(settings, tenant, quota_bytes if quota_bytes is not None else settings.storage_default_quota_bytes))
+        except GpupoolError as exc:
+            print(
+                f"gpupool: error: account {args.name} is {verb}, but its storage is not: {exc.message}; "
+                f"once that is fixed, run `gpupool storage sync {args.name}`",
+                file=sys.stderr,
+            )
+            return EXIT_STORAGE_FAILED
+    return status
 
 
 def _slurm_limits(gpu_limit: int | None, job_limit: int) -> str:
@@ -164,10 +186,13 @@ def cmd_account_list(settings: Settings, args: argparse.Namespace) -> int:
             members: dict[str, list[dict[str, object]]] = {}
             for identity in identities(session):
                 members.setdefault(identity.account, []).append({"unix_user": identity.unix_user, "unix_uid": identity.unix_uid})
-            rows = [
+            rows: list[dict[str, object]] = [
                 {"account": a.name, "unix_user": a.unix_user, "unix_uid": a.unix_uid, "members": members.get(a.name, [])}
                 for a in accounts
             ]
+            if settings.storage_root:
+                for row, a in zip(rows, accounts, strict=True):
+                    row["storage_quota_bytes"] = a.storage_quota(settings.storage_default_quota_bytes)
             print(json.dumps(rows))
             return 0
         for account in accounts:
@@ -175,7 +200,11 @@ def cmd_account_list(settings: Settings, args: argparse.Namespace) -> int:
             credit = "-" if account.prepaid_credit_nanos is None else format_nanos(account.prepaid_credit_nanos)
             monthly = "-" if account.monthly_limit_nanos is None else format_nanos(account.monthly_limit_nanos)
             jobs = account.submit_job_limit(settings.max_submit_jobs)
-            print(f"{account.name}\tgpu_limit={limit}\tcredit={credit}\tmonthly_limit={monthly}\tmax_submit_jobs={jobs}")
+            storage = f"\tstorage_quota={format_size(account.storage_quota(settings.storage_default_quota_bytes))}"
+            print(
+                f"{account.name}\tgpu_limit={limit}\tcredit={credit}\tmonthly_limit={monthly}\tmax_submit_jobs={jobs}"
+                f"{storage if settings.storage_root else ''}"
+            )
     return 0
 
 
@@ -212,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-submit-jobs", type=_job_limit, default=None, metavar="N",
         help="jobs (each array task one) the account may have pending or running at once; default: max_submit_jobs",
     )
+    create.add_argument(
+        "--storage-quota", type=storage_size, default=None, metavar="SIZE",
+        help="size of the account's storage, e.g. 500G (binary units); default: storage_default_quota; only grows",
+    )
     create.set_defaults(handler=cmd_account_create)
     sync = account.add_parser("sync", help="bring every account's Slurm association to the database and the settings")
     sync.set_defaults(handler=cmd_account_sync)
@@ -227,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_session_parsers(sub)
     add_idle_parsers(sub)
     add_audit_parsers(sub)
+    add_storage_parsers(sub)
 
     runas = sub.add_parser("runas", help="the root helper that submits and cancels as tenants").add_subparsers(
         dest="runas_command", required=True

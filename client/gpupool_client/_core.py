@@ -6,11 +6,12 @@ import codecs
 import os
 import random
 import re
+import urllib.parse
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -45,6 +46,11 @@ DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 NEXT_OFFSET_HEADER = "Gpupool-Next-Offset"
 LOG_COMPLETE_HEADER = "Gpupool-Log-Complete"
 JOB_STATE_HEADER = "Gpupool-Job-State"
+# /files: how many bytes an interrupted upload holds (HEAD), and where a PUT continues it.
+UPLOAD_OFFSET_HEADER = "Upload-Offset"
+TRANSFER_CHUNK = 1024 * 1024
+# A transfer's progress: bytes done so far (of this file, resumed bytes included) and its size.
+Progress = Callable[[int, int], None]
 
 
 def resolve_settings(url: str | None, token: str | None) -> tuple[str, str | None]:
@@ -293,3 +299,40 @@ def session_is_open(session: dict[str, Any]) -> bool:
         reason = session.get("end_reason") or "see its job's state"
         raise GpupoolError(f"session {session['job_id']} ended before it was ready: {reason}", code="session_ended")
     return False
+
+
+def files_path(remote: str) -> str:
+    """``/files/<remote>``: a path in the account's storage, each name quoted, its slashes kept."""
+    return "/files/" + urllib.parse.quote(remote, safe="/")
+
+
+def read_chunks(handle: BinaryIO, start: int, total: int, progress: Progress | None) -> Iterator[bytes]:
+    """A local file's bytes from ``start`` to ``total``, a chunk at a time: an upload's body, never whole in memory."""
+    handle.seek(start)
+    done = start
+    while done < total:
+        chunk = handle.read(min(TRANSFER_CHUNK, total - done))
+        if not chunk:
+            raise GpupoolError(f"the local file shrank while it was being sent: {done} of {total} bytes", code="local_file_changed")
+        done += len(chunk)
+        yield chunk
+        if progress is not None:
+            progress(done, total)
+
+
+def stored_offset(error: GpupoolError) -> int | None:
+    """The bytes the server holds, from its 409 upload_offset_mismatch; None for any other error."""
+    body = error.body if isinstance(error.body, dict) else {}
+    offset = body.get("offset")
+    return offset if error.code == "upload_offset_mismatch" and isinstance(offset, int) else None
+
+
+def upload_offset_of(response: httpx.Response) -> int:
+    raw = response.headers.get(UPLOAD_OFFSET_HEADER, "0").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+def content_range_start(response: httpx.Response) -> int | None:
+    """Where a 206's bytes start (``Content-Range: bytes START-END/SIZE``)."""
+    match = re.match(r"bytes (\d+)-\d+/\d+", response.headers.get("Content-Range", ""))
+    return int(match.group(1)) if match else None

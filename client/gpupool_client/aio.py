@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +13,31 @@ import httpx
 
 from gpupool_client._core import (
     DEFAULT_TIMEOUT,
+    TRANSFER_CHUNK,
+    UPLOAD_OFFSET_HEADER,
     FollowPacer,
     JobFields,
     LineAssembler,
+    Progress,
     RetryPolicy,
     WaitPacer,
     answer_error,
     attachment_name,
+    content_range_start,
     default_headers,
+    files_path,
     list_params,
     log_chunk,
     new_idempotency_key,
     partial_path,
     raise_for_answer,
+    read_chunks,
     resolve_settings,
     retryable,
     session_is_open,
+    stored_offset,
     submit_body,
+    upload_offset_of,
 )
 from gpupool_client.errors import ConnectionFailed, GpupoolError, RateLimited, ServiceUnavailable, WaitTimeout
 
@@ -289,3 +297,127 @@ class AsyncClient:
                 raise error
             await asyncio.sleep(delay)
             attempt += 1
+
+    # -- the account's storage (/files): Client's methods, awaited ---------------------------
+
+    async def upload_offset(self, remote: str) -> int:
+        try:
+            return upload_offset_of(await self._http.head(files_path(remote)))
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"HEAD {files_path(remote)}: {exc or type(exc).__name__}", code="connection_failed") from exc
+
+    async def upload(
+        self, local: str | os.PathLike[str], remote: str, *, resume: bool = False, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        """As ``Client.upload``. Local reads are small and fast next to the network: not worth a thread."""
+        source = Path(local)
+        total = source.stat().st_size
+        offset: int | None = await self.upload_offset(remote) if resume else None
+        if offset is not None and offset > total:
+            offset = None
+        attempt = 0
+        with open(source, "rb") as handle:
+            while True:
+                start = offset or 0
+                headers = {"Content-Length": str(total - start), "Content-Type": "application/octet-stream"}
+                if offset is not None:
+                    headers[UPLOAD_OFFSET_HEADER] = str(offset)
+                error: GpupoolError
+                try:
+                    response = await self._http.put(
+                        files_path(remote), content=_each(read_chunks(handle, start, total, progress)), headers=headers
+                    )
+                except httpx.TransportError as exc:
+                    error = ConnectionFailed(f"PUT {files_path(remote)}: {exc or type(exc).__name__}", code="connection_failed")
+                else:
+                    if response.is_success:
+                        result: dict[str, Any] = response.json()
+                        return result
+                    error = answer_error(response)
+                    kept = stored_offset(error)
+                    if kept is not None and kept <= total and attempt + 1 < self.retry.attempts:
+                        offset, attempt = kept, attempt + 1
+                        continue
+                    if error.code != "upload_in_progress" and not retryable(response):
+                        raise error
+                delay = self.retry.delay(attempt, error)
+                if delay is None:
+                    raise error
+                await asyncio.sleep(delay)
+                attempt += 1
+                offset = await self.upload_offset(remote)
+
+    async def download(self, remote: str, local: str | os.PathLike[str], *, progress: Progress | None = None) -> Path:
+        """As ``Client.download``."""
+        target = Path(local)
+        partial = partial_path(target)
+        etag: str | None = None
+        attempt = 0
+        with open(partial, "wb") as out:
+            try:
+                while True:
+                    error: GpupoolError
+                    done = out.tell()
+                    headers = {"Range": f"bytes={done}-", "If-Range": etag} if done and etag else {}
+                    try:
+                        async with self._http.stream("GET", files_path(remote), headers=headers) as response:
+                            if response.status_code in (200, 206):
+                                if response.headers.get("Content-Type", "").startswith("application/json"):
+                                    raise GpupoolError(f"{remote} is a folder, not a file", code="is_a_folder")
+                                if response.status_code == 200 or content_range_start(response) != done:
+                                    out.seek(0)
+                                    out.truncate()
+                                    done = 0
+                                etag = response.headers.get("ETag")
+                                total = done + int(response.headers.get("Content-Length", "0"))
+                                async for block in response.aiter_bytes(TRANSFER_CHUNK):
+                                    out.write(block)
+                                    done += len(block)
+                                    if progress is not None:
+                                        progress(done, total)
+                                if done == total:
+                                    out.flush()
+                                    partial.replace(target)
+                                    return target
+                                raise httpx.ReadError(f"the answer ended after {done} of {total} bytes")
+                            await response.aread()
+                            if not retryable(response):
+                                raise_for_answer(response)
+                            error = answer_error(response)
+                    except httpx.TransportError as exc:
+                        error = ConnectionFailed(f"GET {files_path(remote)}: {exc or type(exc).__name__}", code="connection_failed")
+                    delay = self.retry.delay(attempt, error)
+                    if delay is None:
+                        raise error
+                    await asyncio.sleep(delay)
+                    attempt += 1
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+
+    async def list_files(self, folder: str = "", *, page_size: int = 1000) -> list[dict[str, Any]]:
+        path = files_path(folder.rstrip("/") + "/" if folder.strip("/") else "")
+        entries: list[dict[str, Any]] = []
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if cursor:
+                params["cursor"] = cursor
+            page = (await self._request("GET", path, params=params)).json()
+            entries += page["entries"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return entries
+
+    async def delete_file(self, remote: str, *, recursive: bool = False) -> None:
+        await self._request("DELETE", files_path(remote), params={"recursive": "true"} if recursive else None)
+
+    async def move_file(self, remote: str, target: str, *, overwrite: bool = False) -> dict[str, Any]:
+        params = {"move_to": target, **({"overwrite": "true"} if overwrite else {})}
+        result: dict[str, Any] = (await self._request("POST", files_path(remote), params=params)).json()
+        return result
+
+
+async def _each(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk

@@ -8,10 +8,13 @@ code when it COMPLETED or FAILED, and with a fixed code for every other end
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import webbrowser
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpupool_client.client import Client, Job
@@ -229,6 +232,89 @@ def cmd_invoice(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+REMOTE = "remote:"
+
+
+def _remote(text: str) -> str | None:
+    """The path of a ``remote:PATH`` argument in the account's storage; None for a local path."""
+    return text[len(REMOTE):].lstrip("/") if text.startswith(REMOTE) else None
+
+
+@contextlib.contextmanager
+def _progress_bar(args: argparse.Namespace, label: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A tqdm bar on stderr while stdout is a terminal (or with --progress); nothing with --no-progress or in a pipe."""
+    show = args.progress if args.progress is not None else sys.stdout.isatty()
+    if not show:
+        yield None
+        return
+    from tqdm import tqdm  # only on a terminal: scripts never pay for the import
+
+    bars: list[Any] = []
+
+    def update(done: int, total: int) -> None:
+        if not bars or bars[0].total != total:  # made once the size is known (a download's, from its answer)
+            if bars:
+                bars.pop().close()
+            bars.append(tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, file=sys.stderr))
+        bars[0].update(done - bars[0].n)
+
+    try:
+        yield update
+    finally:
+        for bar in bars:
+            bar.close()
+
+
+def cmd_cp(client: Client, args: argparse.Namespace) -> int:
+    source, target = _remote(args.source), _remote(args.target)
+    if (source is None) == (target is None):
+        raise SystemExit("gpupool-client: cp copies between a local path and remote:PATH (your storage); give one of each")
+    if target is not None:
+        local = Path(args.source)
+        if not local.is_file():
+            raise SystemExit(f"gpupool-client: {local} is not a file")
+        if target == "" or target.endswith("/"):
+            target += local.name
+        with _progress_bar(args, local.name) as progress:
+            stored = client.upload(local, target, resume=args.resume, progress=progress)
+        print(f"{local} -> remote:{stored['path']} ({stored['size']} bytes)", file=sys.stderr)
+        return 0
+    assert source is not None
+    destination = Path(args.target)
+    if destination.is_dir():
+        destination = destination / Path(source).name
+    with _progress_bar(args, Path(source).name) as progress:
+        written = client.download(source, destination, progress=progress)
+    print(f"remote:{source} -> {written} ({os.path.getsize(written)} bytes)", file=sys.stderr)
+    return 0
+
+
+def cmd_ls(client: Client, args: argparse.Namespace) -> int:
+    folder = _remote(args.path)
+    entries = client.list_files(args.path if folder is None else folder)
+    if args.json:
+        _print_json(entries)
+        return 0
+    for entry in entries:
+        size = "-" if entry["size"] is None else str(entry["size"])
+        suffix = "/" if entry["type"] == "folder" else " -> (link, not followed)" if entry["type"] == "link" else ""
+        print(f"{size:>14}  {entry['modified']}  {entry['name']}{suffix}")
+    return 0
+
+
+def cmd_rm(client: Client, args: argparse.Namespace) -> int:
+    remote = _remote(args.path)
+    client.delete_file(args.path if remote is None else remote, recursive=args.recursive)
+    return 0
+
+
+def cmd_mv(client: Client, args: argparse.Namespace) -> int:
+    source, target = (_remote(text) or text for text in (args.source, args.target))
+    moved = client.move_file(source, target, overwrite=args.overwrite)
+    print(f"remote:{source} -> remote:{moved['path']}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpupool-client", description="Submit and follow GPU jobs on gpupool.")
     parser.add_argument("--url", help="API address (default: $GPUPOOL_URL)")
@@ -307,6 +393,30 @@ def build_parser() -> argparse.ArgumentParser:
     invoice.add_argument("period", metavar="PERIOD", help="YYYY-MM")
     invoice.add_argument("-o", "--output", metavar="FILE", help="default: the server's file name, in this folder")
     invoice.set_defaults(handler=cmd_invoice)
+
+    # The account's storage: every job sees it as $GPUPOOL_DATA (/data in a container).
+    copy = commands.add_parser("cp", help="copy a file to (remote:PATH) or from your account's storage, streamed")
+    copy.add_argument("source", metavar="SOURCE", help="a local file, or remote:PATH")
+    copy.add_argument("target", metavar="TARGET", help="remote:PATH (ending in / keeps the file's name), or a local path")
+    copy.add_argument("--resume", action="store_true", help="continue an upload an earlier cp left unfinished")
+    copy.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a progress bar on stderr (default: when stdout is a terminal)")
+    copy.set_defaults(handler=cmd_cp)
+
+    listing = reader("ls", "list a folder of your account's storage")
+    listing.add_argument("path", nargs="?", default="", metavar="PATH", help="remote:PATH or PATH (default: the top)")
+    listing.set_defaults(handler=cmd_ls)
+
+    remove = commands.add_parser("rm", help="delete a file or an empty folder of your account's storage")
+    remove.add_argument("path", metavar="PATH", help="remote:PATH or PATH")
+    remove.add_argument("-r", "--recursive", action="store_true", help="a folder and everything in it")
+    remove.set_defaults(handler=cmd_rm)
+
+    move = commands.add_parser("mv", help="rename within your account's storage")
+    move.add_argument("source", metavar="SOURCE")
+    move.add_argument("target", metavar="TARGET")
+    move.add_argument("--overwrite", action="store_true", help="replace a file at TARGET")
+    move.set_defaults(handler=cmd_mv)
     return parser
 
 
@@ -324,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpupool-client: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("gpupool-client: interrupted; the job, if submitted, goes on", file=sys.stderr)
+        print("gpupool-client: interrupted; a job already submitted goes on, an upload can go on with cp --resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0  # `gpupool-client logs ID | head` closed the pipe early

@@ -71,6 +71,10 @@ class Conflict(GpupoolError):
         self.job_id = job_id
 
 
+class StorageQuotaExceeded(GpupoolError):
+    """507: the account's storage is full; ``stored_bytes`` and ``available_bytes`` say how full."""
+
+
 class RateLimited(GpupoolError):
     def __init__(self, message: str, *, retry_after: float, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
@@ -135,6 +139,8 @@ def error_from_response(status: int, headers: Any, body: Any) -> GpupoolError:
     if status == 422:
         errors = fields.get("errors") or [{"field": "", "message": message}]
         return ValidationFailed(message, errors=errors, **common)
+    if status == 507:
+        return StorageQuotaExceeded(message, **common)
     if status == 429:
         return RateLimited(message, retry_after=retry_after_s(headers) or 1.0, **common)
     if status == 503:

@@ -6,8 +6,10 @@
 #   - a root run-as helper submits and cancels as the account's tenant user, so
 #     the demo account's jobs run as `gp-demo`;
 #   - `gpupool account create` runs as root, since it creates that Unix user.
-# State lives under ./var; job folders under /var/lib/gpupool/jobs, which
-# tenants can reach wherever this checkout is.
+# State lives under ./var; job folders under /var/lib/gpupool/jobs and the
+# accounts' storage under /var/lib/gpupool/data (each account's own filesystem,
+# a preallocated image loop-mounted there), which tenants can reach wherever
+# this checkout is.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=${VENV:-.venv}
@@ -41,6 +43,9 @@ socket_dir=/run/gpupool-demo-$port
 export GPUPOOL_DATABASE_URL=${GPUPOOL_DATABASE_URL:-sqlite:///$PWD/var/gpupool.db}
 export GPUPOOL_RATELIMIT_STORAGE_URI=${GPUPOOL_RATELIMIT_STORAGE_URI:-memory://}
 export GPUPOOL_JOB_ROOT=${GPUPOOL_JOB_ROOT:-/var/lib/gpupool/jobs}
+export GPUPOOL_STORAGE_ROOT=${GPUPOOL_STORAGE_ROOT:-/var/lib/gpupool/data}
+# The demo account's storage, preallocated on this machine's disk.
+demo_storage_quota=${GPUPOOL_DEMO_STORAGE_QUOTA:-1G}
 export GPUPOOL_SERVICE_USER=$service_user GPUPOOL_SERVICE_GROUP=$service_group
 export GPUPOOL_RUNAS_SOCKET=$socket_dir/runas.sock
 # Sessions get their own origins, <label>.sessions.localhost: browsers resolve *.localhost to 127.0.0.1.
@@ -48,7 +53,7 @@ export GPUPOOL_SESSIONS_URL=${GPUPOOL_SESSIONS_URL:-http://sessions.localhost:$s
 # Webhook receivers on this machine's loopback too (production refuses loopback and private
 # addresses unless the operator lists them): the demo's customer is whoever runs it.
 export GPUPOOL_WEBHOOK_ALLOW_CIDRS=${GPUPOOL_WEBHOOK_ALLOW_CIDRS:-127.0.0.0/8,::1/128}
-gpupool_env=(GPUPOOL_DATABASE_URL GPUPOOL_RATELIMIT_STORAGE_URI GPUPOOL_JOB_ROOT GPUPOOL_SERVICE_USER
+gpupool_env=(GPUPOOL_DATABASE_URL GPUPOOL_RATELIMIT_STORAGE_URI GPUPOOL_JOB_ROOT GPUPOOL_STORAGE_ROOT GPUPOOL_SERVICE_USER
              GPUPOOL_SERVICE_GROUP GPUPOOL_RUNAS_SOCKET)
 root_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
 for name in "${gpupool_env[@]}"; do root_env+=("$name=${!name}"); done
@@ -56,7 +61,7 @@ for name in "${gpupool_env[@]}"; do root_env+=("$name=${!name}"); done
 # that are set here: not the database URL, not the JWT secret exported below.
 # (It starts itself again with only its own settings in any case.)
 helper_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin)
-for name in GPUPOOL_JOB_ROOT GPUPOOL_SERVICE_USER GPUPOOL_SERVICE_GROUP GPUPOOL_SLURM_PARTITION GPUPOOL_SLURM_BIN_DIR \
+for name in GPUPOOL_JOB_ROOT GPUPOOL_STORAGE_ROOT GPUPOOL_SERVICE_USER GPUPOOL_SERVICE_GROUP GPUPOOL_SLURM_PARTITION GPUPOOL_SLURM_BIN_DIR \
             GPUPOOL_JOB_PATH GPUPOOL_CONTAINER_RUNTIME GPUPOOL_CONTAINER_ALLOWLIST GPUPOOL_CONTAINER_MOUNTS SLURM_CONF; do
   if [ -n "${!name+set}" ]; then helper_env+=("$name=${!name}"); fi
 done
@@ -93,8 +98,16 @@ trap 'exit 130' INT TERM
   >> var/runas.log 2>&1 &
 children+=($!)
 
-# Root: it creates the demo account's Unix user gp-demo and its Slurm association.
-"${as_root[@]}" "${root_env[@]}" "$venv/bin/gpupool" account create demo --gpu-limit 4
+# Root: it creates the demo account's Unix user gp-demo, its Slurm association and its storage.
+# Exit 3: all but the storage (a host without loop devices); the rest of the demo still runs.
+created=0
+"${as_root[@]}" "${root_env[@]}" "$venv/bin/gpupool" account create demo --gpu-limit 4 \
+  --storage-quota "$demo_storage_quota" || created=$?
+if [ "$created" -eq 3 ]; then
+  echo "run-demo: the demo account has no storage here: /files answers 503 storage_unavailable" >&2
+elif [ "$created" -ne 0 ]; then
+  exit "$created"
+fi
 "${as_root[@]}" chown -R "$service_user:$service_group" var   # SQLite's WAL files, if root made them
 token=$("${as_service[@]}" "$venv/bin/gpupool" token create --user demo-user --account demo --ttl 86400)
 if [ -z "$("${as_service[@]}" "$venv/bin/gpupool" price list)" ]; then
@@ -153,6 +166,12 @@ Start a web app as a session (jupyter: the same with "template": "jupyter", once
        -d '{"template": "webapp", "params": {"command": "exec python3 -m http.server --bind 127.0.0.1 \"\$GPUPOOL_APP_PORT\""}}'
   curl -s http://127.0.0.1:$port/jobs/JOB_ID/session -H "Authorization: Bearer \$TOKEN"
 It opens at http://<label>.sessions.localhost:$sessions_port/ (nginx, var/nginx), behind your sign-in.
+
+Your data: the account's storage ($demo_storage_quota), which every job sees as \$GPUPOOL_DATA:
+  curl -s -T ./README.md http://127.0.0.1:$port/files/docs/README.md -H "Authorization: Bearer \$TOKEN"
+  curl -s http://127.0.0.1:$port/files/docs/ -H "Authorization: Bearer \$TOKEN"
+  curl -s -o README.copy http://127.0.0.1:$port/files/docs/README.md -H "Authorization: Bearer \$TOKEN"
+or with the client (pip install ./client): gpupool-client cp ./data.bin remote:data.bin
 
 Billing runs every minute (var/billing.log); then see the month's usage and invoice:
   curl -s http://127.0.0.1:$port/usage -H "Authorization: Bearer \$TOKEN"

@@ -30,8 +30,14 @@ class Account(Base):
     # The Unix user every job of the account runs as (gpupool.slurm.tenants).
     unix_user: Mapped[str | None] = mapped_column(String(32))
     unix_uid: Mapped[int | None] = mapped_column(Integer)
+    # The size of the account's own storage, its quota (gpupool.storage.volumes); None: the site's storage_default_quota.
+    storage_quota_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # Set by `gpupool account disable`: its tokens are refused from then on.
     disabled_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+    def storage_quota(self, site_default: int) -> int:
+        """The size of the account's storage, in bytes."""
+        return self.storage_quota_bytes if self.storage_quota_bytes is not None else site_default
 
     def submit_job_limit(self, site_default: int) -> int:
         """The most jobs (array tasks one by one) the account may have pending or running at once."""

@@ -20,6 +20,8 @@ password is ever in it.
     discard  remove a job folder whose sbatch Slurm refused
     budget   set the account's Slurm budget (GrpTRESMins=gres/gpu), the billing pass's one write
     member_limits  set a member user's GPUs at once and budget (GrpTRES, GrpTRESMins) on its own association
+    files.*  open, list, move or delete in the account's storage, as the tenant (gpupool.storage.broker);
+             an opened file's descriptor comes back with the answer (SCM_RIGHTS)
 
 ``submit``, ``test`` and ``cancel`` act as the account's own user, or, given
 ``user``, as that member user of the account: the helper checks for itself
@@ -67,8 +69,18 @@ from gpupool.errors import (
     TenantError,
 )
 from gpupool.proc import CommandResult, minimal_env, run_command
-from gpupool.render import ARRAY_VALUES_DIR, SESSION_PORT_FILE, SESSION_SECRET_FILE, job_tag, log_path, log_pattern
+from gpupool.render import (
+    ARRAY_VALUES_DIR,
+    SESSION_PORT_FILE,
+    SESSION_SECRET_FILE,
+    container_mounts,
+    job_tag,
+    log_path,
+    log_pattern,
+)
 from gpupool.slurm.tenants import Tenant, account_users, ensure_tenant_folder, lookup_member, lookup_tenant, service_gid
+from gpupool.storage.broker import handle_file_request, is_file_request
+from gpupool.storage.paths import account_storage_dir
 
 log = logging.getLogger("gpupool.slurm.runas")
 
@@ -122,7 +134,8 @@ HELPER_SETTINGS = (
     "job_root", "service_user", "service_group", "tenant_user_prefix", "tenant_group", "tenant_uid_min",
     "tenant_uid_max", "slurm_bin_dir", "slurm_partition", "job_path", "slurm_submit_timeout_s",
     "slurm_query_timeout_s", "runas_timeout_s", "runas_max_connections", "container_runtime",
-    "container_allowlist", "container_mounts", "max_array_tasks",
+    "container_allowlist", "container_mounts", "max_array_tasks", "storage_root", "storage_agent_python",
+    "storage_op_timeout_s",
 )
 _HELPER_BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC"}
 
@@ -187,7 +200,10 @@ def _expected_values(settings: Settings, account: str, job_id: str, array: bool)
         "--error": log_pattern(job_dir, "stderr", array),
         "--comment": job_tag(job_id),
         "--container-workdir": job_dir,
-        "--container-mounts": ",".join((f"{job_dir}:{job_dir}", *settings.container_mounts)),
+        "--container-mounts": container_mounts(
+            job_dir, account_storage_dir(settings.storage_root, account) if settings.storage_root else None,
+            settings.container_mounts,
+        ),
     }
 
 
@@ -656,6 +672,14 @@ class _Handler(socketserver.BaseRequestHandler):
     request: socket.socket
 
     def handle(self) -> None:
+        fds: list[int] = []
+        try:
+            self._handle(fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _handle(self, fds: list[int]) -> None:
         pid, uid, _gid = _SO_PEERCRED.unpack(
             self.request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _SO_PEERCRED.size)
         )
@@ -668,7 +692,11 @@ class _Handler(socketserver.BaseRequestHandler):
             request = json.loads(line)
             if not isinstance(request, dict):
                 raise TenantError("a request is a JSON object")
-            reply = self._dispatch(request)
+            if is_file_request(request):
+                reply, opened = handle_file_request(self.server.actions.settings, request)
+                fds += opened
+            else:
+                reply = self._dispatch(request)
         except _SilentClient:
             timeout_s = self.server.request_timeout_s
             log.warning("closed a connection from uid %s (pid %s): no whole request within %g s", uid, pid, timeout_s)
@@ -685,7 +713,7 @@ class _Handler(socketserver.BaseRequestHandler):
             message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             log.warning("refused a request from uid %s: %s", uid, message)
             reply = {"outcome": "refused", "message": message}
-        self._reply(reply)
+        self._reply(reply, fds)
 
     def _read_request(self) -> bytes:
         """One line, within request_timeout_s in all: a caller that trickles bytes is closed too."""
@@ -757,10 +785,14 @@ class _Handler(socketserver.BaseRequestHandler):
             return _result_payload(result)
         raise TenantError(f"unknown operation {op!r}")
 
-    def _reply(self, reply: dict[str, Any]) -> None:
+    def _reply(self, reply: dict[str, Any], fds: Sequence[int] = ()) -> None:
         self.request.settimeout(self.server.request_timeout_s)
+        data = json.dumps(reply).encode() + b"\n"
         try:
-            self.request.sendall(json.dumps(reply).encode() + b"\n")
+            if fds and reply.get("outcome") is None:
+                # The descriptor rides on the answer's first bytes (SCM_RIGHTS); the caller closes its copy.
+                data = data[socket.send_fds(self.request, [data], list(fds)):]
+            self.request.sendall(data)
         except OSError as exc:
             log.warning("could not answer %s: %s", reply.get("outcome"), exc)
 

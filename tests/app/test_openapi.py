@@ -16,7 +16,7 @@ def test_document_covers_every_route_and_uses_the_validating_schemas(app: Flask,
     doc = client.get("/openapi.json").get_json()
     assert doc["openapi"].startswith("3.")
     routes = {
-        (re.sub(r"<(\w+)>", r"{\1}", rule.rule), method.lower())
+        (re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule), method.lower())
         for rule in app.url_map.iter_rules()
         # The web pages (api.web) are HTML for browsers, and the sessions' proxy endpoints
         # answer nginx alone (its key, else 404): neither is part of the JSON API.

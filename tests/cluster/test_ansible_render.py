@@ -322,6 +322,8 @@ def test_gunicorn_configuration_is_python_with_the_production_settings(rendered:
     assert settings["bind"] == ["127.0.0.1:8000"]
     assert settings["workers"] == 9  # 8 CPUs: 2 x 8 + 1, at most 9
     assert settings["timeout"] == 30 and settings["graceful_timeout"] == 30
+    # Threads: a file transfer holds one for its length, which a sync worker's timeout would cut.
+    assert settings["worker_class"] == "gthread" and settings["threads"] == 4
     assert settings["preload_app"] is False
     assert settings["control_socket_disable"] is True  # systemd signals it; its HOME has no room for a socket
 
@@ -397,12 +399,28 @@ def test_runas_helper_is_root_with_only_the_capabilities_it_needs(rendered: Rend
         "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_KILL",
     ]
     assert service["NoNewPrivileges"] == ["yes"]
-    assert service["ProtectSystem"] == ["strict"] and service["ReadWritePaths"] == ["/srv/gpupool/jobs"]
+    # The job root, and the accounts' storage, which it writes only as an account's user (its storage agent).
+    assert service["ProtectSystem"] == ["strict"] and service["ReadWritePaths"] == ["/srv/gpupool/jobs /srv/gpupool/data"]
     assert service["ProtectHome"] == ["yes"] and service["PrivateTmp"] == ["yes"]
     # Its job folders are 0710 with no set-group-id bit (gpupool.slurm.tenants), so it may set none.
     assert service["RestrictSUIDSGID"] == ["yes"]
-    assert unit["Unit"]["RequiresMountsFor"] == ["/srv/gpupool/jobs"]
+    assert unit["Unit"]["RequiresMountsFor"] == ["/srv/gpupool/jobs /srv/gpupool/data"]
+    assert unit["Unit"]["After"][-1] == "gpupool-storage.service"
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_the_accounts_volumes_are_mounted_at_boot_and_their_files_stream_through_nginx(rendered: Rendered) -> None:
+    storage = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-storage.service"))
+    assert storage["Service"]["Type"] == ["oneshot"] and storage["Service"]["RemainAfterExit"] == ["yes"]
+    assert storage["Service"]["ExecStart"] == [f"{rendered.path('ctl1', 'usr/local/sbin/gpupool')} storage mount"]
+    assert storage["Unit"]["Before"][0].split() == ["nfs-server.service", "gpupool-runas.service", "gpupool-api.service"]
+    assert not rendered.path("gpu01", "etc/systemd/system/gpupool-storage.service").exists()
+    site = rendered.text("ctl1", "etc/nginx/sites-available/gpupool")
+    files = site.split("location /files/ {", 1)[1].split("}", 1)[0]
+    for directive in ("client_max_body_size 0;", "proxy_request_buffering off;", "proxy_buffering off;", "proxy_read_timeout 300s;"):
+        assert directive in files
+    environment = rendered.text("ctl1", "etc/gpupool/gpupool.env")
+    assert 'GPUPOOL_STORAGE_ROOT="/srv/gpupool/data"' in environment and 'GPUPOOL_STORAGE_DEFAULT_QUOTA="10G"' in environment
 
 
 def test_api_needs_the_runas_helper_and_can_gain_no_privileges(rendered: Rendered) -> None:
@@ -1164,7 +1182,7 @@ def test_shared_storage_exports_without_root_squash_to_the_api_hosts_only(repo_r
     export = config_lines((tmp_path / "gpu02" / "etc" / "exports.d" / "gpupool.exports").read_text())
     shared = tmp_path / "shared" / "srv" / "gpupool"
     assert export == [
-        f"{shared} 10.0.0.10(rw,sync,no_subtree_check,sec=sys,no_root_squash) 10.0.0.21(rw,sync,no_subtree_check,sec=sys,root_squash)"
+        f"{shared} 10.0.0.10(rw,sync,no_subtree_check,sec=sys,crossmnt,no_root_squash) 10.0.0.21(rw,sync,no_subtree_check,sec=sys,crossmnt,root_squash)"
     ]
     for host in ("ctl1", "gpu01"):
         assert config_lines((tmp_path / host / "etc" / "fstab").read_text()) == [

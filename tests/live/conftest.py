@@ -50,6 +50,62 @@ def live_db(slurm_account: str) -> Iterator[str]:
     drop_database(name)
 
 
+def launch_gunicorn(log_dir: Path, env: dict[str, str], *, workers: int = 4, as_service: bool = False, wait: bool = True,
+                    extra_args: tuple[str, ...] = ()) -> Server:
+    """gunicorn on a free port with ``env`` (and as the service user under no_new_privs when ``as_service``)."""
+    port = free_port()
+    log_path = log_dir / f"gunicorn-{port}.log"
+    with open(log_path, "wb") as log:
+        as_user = as_service_user_argv() if as_service else []
+        process = subprocess.Popen(
+            [*as_user, str(BIN / "gunicorn"), "--workers", str(workers), "--timeout", "30", *extra_args,
+             "--bind", f"127.0.0.1:{port}", "api:create_app()"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = Server(f"http://127.0.0.1:{port}", process, log_path, env)
+    if wait:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise AssertionError(f"gunicorn exited {process.returncode}:\n{server.log()}")
+            try:
+                if http("GET", server.url + "/healthz", timeout_s=2).status == 200:
+                    return server
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"gunicorn did not come up:\n{server.log()}")
+    return server
+
+
+def stop_gunicorn(server: Server) -> None:
+    if server.process.poll() is None:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        try:
+            server.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.process.pid, signal.SIGKILL)
+
+
+def live_env(live_db: str, job_root: Path, runas_socket: str) -> dict[str, str]:
+    """The settings of a live server on the module's database, as GPUPOOL_* variables."""
+    return {
+        "PATH": f"{BIN}:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "GPUPOOL_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{live_db}",
+        "GPUPOOL_JWT_SECRET": JWT_SECRET,
+        "GPUPOOL_RATELIMIT_STORAGE_URI": REDIS_URL,
+        "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
+        "GPUPOOL_JOB_ROOT": str(job_root),
+        "GPUPOOL_RUNAS_SOCKET": runas_socket,
+        "GPUPOOL_REFRESH_INTERVAL_S": "1",
+    }
+
+
 @pytest.fixture
 def start_server(tmp_path: Path, live_db: str, job_root: Path, runas_socket: str) -> Iterator[Callable[..., Server]]:
     started: list[Server] = []
@@ -64,61 +120,18 @@ def start_server(tmp_path: Path, live_db: str, job_root: Path, runas_socket: str
         as the playbook's systemd unit does (NoNewPrivileges=yes); ``gunicorn_args``
         are gunicorn's own options.
         """
-        port = free_port()
-        env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
         if config_file is not None:
-            env["GPUPOOL_CONFIG"] = str(config_file)
+            env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "GPUPOOL_CONFIG": str(config_file)}
         else:
-            env.update(
-                {
-                    "GPUPOOL_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{live_db}",
-                    "GPUPOOL_JWT_SECRET": JWT_SECRET,
-                    "GPUPOOL_RATELIMIT_STORAGE_URI": REDIS_URL,
-                    "GPUPOOL_TEMPLATES_DIR": str(REPO / "slurm_templates"),
-                    "GPUPOOL_JOB_ROOT": str(job_root),
-                    "GPUPOOL_RUNAS_SOCKET": runas_socket,
-                    "GPUPOOL_REFRESH_INTERVAL_S": "1",
-                }
-            )
+            env = live_env(live_db, job_root, runas_socket)
         env.update({f"GPUPOOL_{key.upper()}": value for key, value in settings.items()})
-        log_path = tmp_path / f"gunicorn-{port}.log"
-        with open(log_path, "wb") as log:
-            as_user = as_service_user_argv() if as_service else []
-            process = subprocess.Popen(
-                [
-                    *as_user, str(BIN / "gunicorn"), "--workers", str(workers), "--timeout", "30", "--bind", f"127.0.0.1:{port}",
-                    *gunicorn_args, "api:create_app()",
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        server = Server(f"http://127.0.0.1:{port}", process, log_path, env)
+        server = launch_gunicorn(tmp_path, env, workers=workers, as_service=as_service, wait=wait, extra_args=gunicorn_args)
         started.append(server)
-        if wait:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                if process.poll() is not None:
-                    raise AssertionError(f"gunicorn exited {process.returncode}:\n{server.log()}")
-                try:
-                    if http("GET", server.url + "/healthz", timeout_s=2).status == 200:
-                        return server
-                except OSError:
-                    pass
-                time.sleep(0.2)
-            raise AssertionError(f"gunicorn did not come up:\n{server.log()}")
         return server
 
     yield start
     for server in started:
-        if server.process.poll() is None:
-            os.killpg(server.process.pid, signal.SIGTERM)
-            try:
-                server.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.process.pid, signal.SIGKILL)
+        stop_gunicorn(server)
 
 
 @pytest.fixture(scope="module")

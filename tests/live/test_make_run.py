@@ -8,6 +8,7 @@ import pwd
 import re
 import signal
 import subprocess
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -68,6 +69,21 @@ def test_make_run_serves_as_the_service_user_and_runs_demo_jobs_as_the_demo_tena
         event = verify_signature(delivery.body, delivery.headers["Gpupool-Signature"], registered.body["secret"])
         assert (event["type"], event["data"]["job"]["job_id"], event["data"]["job"]["state"]) == ("job.ended", done["job_id"], "COMPLETED")
         assert "make run" in http("GET", f"{url}/jobs/{done['job_id']}/logs", token=token).body
+        # Your data, as the printed commands put a file in the demo account's storage and take it back.
+        printed = output.read_text(errors="replace")
+        assert "Your data:" in printed and "/files/docs/README.md" in printed
+        readme = (REPO / "README.md").read_bytes()
+        stored = urllib.request.urlopen(urllib.request.Request(
+            url + "/files/docs/README.md", data=readme, method="PUT", headers={"Authorization": f"Bearer {token}"}
+        ), timeout=30)
+        assert stored.status in (200, 201)
+        listing = http("GET", url + "/files/docs/", token=token).body
+        assert [(entry["name"], entry["size"]) for entry in listing["entries"]] == [("README.md", len(readme))]
+        with urllib.request.urlopen(urllib.request.Request(
+            url + "/files/docs/README.md", headers={"Authorization": f"Bearer {token}"}
+        ), timeout=30) as fetched:
+            assert fetched.read() == readme
+        assert http("GET", url + "/usage", token=token).body["storage"]["quota_bytes"] == 1024**3
         # The dashboard's address is printed beside the token, and it answers.
         assert f"{url}/ui/" in output.read_text(errors="replace")
         assert http("GET", f"{url}/ui/", timeout_s=10).status == 200

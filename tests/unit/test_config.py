@@ -66,11 +66,11 @@ def test_list_from_env_is_comma_separated() -> None:
     settings = load_settings(
         {
             "GPUPOOL_CONTAINER_ALLOWLIST": " nvcr.io#nvidia/pytorch:24.01-py3 ,docker.io/library/ubuntu:24.04,, ",
-            "GPUPOOL_CONTAINER_MOUNTS": "/data:/data:ro",
+            "GPUPOOL_CONTAINER_MOUNTS": "/datasets:/datasets:ro",
         }
     )
     assert settings.container_allowlist == ("nvcr.io#nvidia/pytorch:24.01-py3", "docker.io/library/ubuntu:24.04")
-    assert settings.container_mounts == ("/data:/data:ro",)
+    assert settings.container_mounts == ("/datasets:/datasets:ro",)
 
 
 def test_empty_list_from_env() -> None:
@@ -78,10 +78,10 @@ def test_empty_list_from_env() -> None:
 
 
 def test_list_from_toml_array(in_tmp: Path) -> None:
-    environ = write_config(in_tmp, 'container_allowlist = ["a:1", "b:2"]\ncontainer_mounts = ["/data:/data:ro", "/scratch:/scratch"]\n')
+    environ = write_config(in_tmp, 'container_allowlist = ["a:1", "b:2"]\ncontainer_mounts = ["/datasets:/datasets:ro", "/scratch:/scratch"]\n')
     settings = load_settings(environ)
     assert settings.container_allowlist == ("a:1", "b:2")
-    assert settings.container_mounts == ("/data:/data:ro", "/scratch:/scratch")
+    assert settings.container_mounts == ("/datasets:/datasets:ro", "/scratch:/scratch")
 
 
 def test_env_list_replaces_file_list(in_tmp: Path) -> None:

@@ -46,7 +46,8 @@ from tests import golden
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
 IMAGE = "nvcr.io#nvidia/pytorch:24.01-py3"
-OPERATOR_MOUNT = "/data:/data:ro"
+OPERATOR_MOUNT = "/datasets:/datasets:ro"
+DATA_DIR = "/var/lib/gpupool/data/acme"
 JOB_ID = "j-0123456789abcdef"
 JOB_DIR = f"/var/lib/gpupool/jobs/{JOB_ID}"
 RUNTIMES = ("none", "pyxis", "docker")
@@ -75,6 +76,7 @@ def make_spec(loaded: Template, runtime: str = "none", **changes: object) -> Job
         runtime=runtime,
         container_image=None if runtime == "none" else IMAGE,
         container_mounts=() if runtime == "none" else (OPERATOR_MOUNT,),
+        data_dir=DATA_DIR,
     )
     fields.update(changes)
     if "params" not in fields:  # validated only when not replaced: other templates take other params
@@ -339,7 +341,7 @@ def test_option_values(hello: Template) -> None:
         "--error": f"{JOB_DIR}/stderr.log",
         "--comment": f"gpupool:{JOB_ID}",
         "--container-image": IMAGE,
-        "--container-mounts": f"{JOB_DIR}:{JOB_DIR},{OPERATOR_MOUNT}",
+        "--container-mounts": f"{JOB_DIR}:{JOB_DIR},{DATA_DIR}:/data,{OPERATOR_MOUNT}",
         "--container-workdir": JOB_DIR,
     }
 

@@ -33,6 +33,7 @@ IMAGE = "nvcr.io#nvidia/pytorch:24.05-py3"
 SETTINGS = Settings(
     service_user="gpupool", service_group="gpupool", job_root="/var/lib/gpupool/jobs", slurm_partition="gpu",
     container_runtime="pyxis", container_allowlist=("nvcr.io#nvidia/*",), container_mounts=("/datasets:/datasets:ro",),
+    storage_root="/var/lib/gpupool/data",
 )
 
 
@@ -41,7 +42,7 @@ def rendered(runtime: str = "none", **changes: object) -> RenderedJob:
         "job_id": JOB_ID, "account": "acme", "name": "a'; echo foo", "template": "hello", "body": "echo hi", "params": {},
         "gpus": 1, "gpu_type": "rtx4090", "cpus": 2, "mem_gb": 8, "time_limit_min": 30, "partition": "gpu",
         "job_dir": str(JOB_DIR), "runtime": runtime, "container_image": IMAGE if runtime == "pyxis" else None,
-        "container_mounts": SETTINGS.container_mounts,
+        "container_mounts": SETTINGS.container_mounts, "data_dir": "/var/lib/gpupool/data/acme",
     }
     values.update(changes)
     return render(JobSpec(**values))  # type: ignore[arg-type]
