@@ -73,7 +73,7 @@ def test_a_key_or_member_limited_to_templates_names_only_the_operators_templates
     schemas = document(client)["components"]["schemas"]
     for model in ("KeyCreate", "MemberIn"):
         (array,) = [option for option in schemas[model]["properties"]["templates"]["anyOf"] if option.get("type") == "array"]
-        assert array["items"]["enum"] == ["hello", "inference", "jupyter", "train", "webapp"], model
+        assert array["items"]["enum"] == ["command", "hello", "inference", "jupyter", "train", "webapp"], model
 
 
 def test_naming_an_account_the_caller_cannot_see_is_a_documented_404(client: FlaskClient, auth: dict[str, str]) -> None:

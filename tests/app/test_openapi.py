@@ -30,7 +30,7 @@ def test_document_covers_every_route_and_uses_the_validating_schemas(app: Flask,
     expected = SubmitRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     # The operator's templates (here the shipped ones) are the only names the document allows.
     expected["properties"]["template"]["enum"] = sorted(path.name for path in (REPO / "slurm_templates").iterdir())
-    assert expected["properties"]["template"]["enum"] == ["hello", "inference", "jupyter", "train", "webapp"]
+    assert expected["properties"]["template"]["enum"] == ["command", "hello", "inference", "jupyter", "train", "webapp"]
     # Nested models (the array request) are components of their own, referenced from it.
     for name, schema in expected.pop("$defs", {}).items():
         assert doc["components"]["schemas"][name] == schema

@@ -15,11 +15,9 @@ import hashlib
 import json
 import os
 import pwd
-import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,10 +38,6 @@ from tests.support.tenancy import SERVICE_USER
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 QUOTA = 32 * 1024 * 1024
-SHELL_TEMPLATE = (
-    'description = "Run the script given as a parameter."\n[params.script]\ntype = "string"\nmax_length = 20000\n',
-    'set +e +o pipefail\nbash -c "$GPUPOOL_PARAM_SCRIPT"\n',
-)
 
 
 @pytest.fixture(scope="module")
@@ -65,26 +59,14 @@ def volumes(storage_settings: Settings, slurm_account: str, tenant_b: str, live_
 
 
 @pytest.fixture(scope="module")
-def templates_dir() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="gpupool-templates-", dir="/var/tmp"))
-    (root / "shell").mkdir(parents=True)
-    (root / "shell" / "template.toml").write_text(SHELL_TEMPLATE[0])
-    (root / "shell" / "run.sh").write_text(SHELL_TEMPLATE[1])
-    for path in (root, root / "shell", *(root / "shell").iterdir()):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
 def server(
-    live_db: str, job_root: Path, storage_root: Path, templates_dir: Path, volumes: tuple[str, str],
+    live_db: str, job_root: Path, storage_root: Path, volumes: tuple[str, str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Server]:
     """The helper knowing the storage root, and gunicorn (threads, as production) as the service user."""
     with storage_helper(job_root, storage_root, tmp_path_factory.mktemp("storage-runas")) as helper:
         env = live_env(live_db, job_root, helper)
-        env.update(GPUPOOL_STORAGE_ROOT=str(storage_root), GPUPOOL_TEMPLATES_DIR=str(templates_dir))
+        env.update(GPUPOOL_STORAGE_ROOT=str(storage_root))
         started = launch_gunicorn(
             tmp_path_factory.mktemp("storage-gunicorn"), env, workers=2, as_service=True,
             extra_args=("--worker-class", "gthread", "--threads", "4"),
@@ -271,7 +253,7 @@ def test_a_job_reads_an_upload_and_writes_a_file_the_api_serves_but_its_links_ar
         'mkfifo "$GPUPOOL_DATA/out/fifo"\n'
         'echo "$GPUPOOL_DATA"\n'
     )
-    job = http("POST", server.url + "/submit", token=token, body={"template": "shell", "gpus": 1, "params": {"script": script}})
+    job = http("POST", server.url + "/submit", token=token, body={"template": "command", "gpus": 1, "params": {"command": script}})
     assert job.status == 201, job.body
     job_id = job.body["job_id"]
     final = wait_for(

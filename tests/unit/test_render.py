@@ -242,6 +242,40 @@ def test_golden_session_script(shipped_templates: dict[str, Template], golden_na
     assert "secret" not in "".join(line for line in rendered.script.splitlines() if line.startswith("export "))
 
 
+# The command template, as the customer guide's example runs it: on the host, and in a container (storage at /data).
+COMMAND_GOLDENS: dict[str, str | None] = {"command-none": None, "command-pyxis": IMAGE}
+COMMAND_LINE = 'python "$GPUPOOL_DATA/train.py" --out "$GPUPOOL_DATA/run1"'
+
+
+@pytest.mark.parametrize("golden_name", sorted(COMMAND_GOLDENS))
+def test_golden_command_script(shipped_templates: dict[str, Template], golden_name: str) -> None:
+    template, image = shipped_templates["command"], COMMAND_GOLDENS[golden_name]
+    spec = make_spec(
+        template, "none" if image is None else "pyxis", template="command",
+        params=template.validate_params({"command": COMMAND_LINE}), container_image=image,
+    )
+    rendered = render(spec)
+    check_golden(f"{golden_name}.sbatch", rendered.script)
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+
+
+def test_command_template_runs_the_customers_line_as_written(shipped_templates: dict[str, Template], tmp_path: Path) -> None:
+    # Quotes, a directive, a substitution and a second line: structure to bash, data to gpupool's script.
+    line = (
+        "printf '%s|' \"$GPUPOOL_TEMPLATE\" 'it''s' > \"$GPUPOOL_JOB_DIR/output/seen\"\n"
+        "#SBATCH --account=evil\n"
+        "echo \"$(echo sub)\" >> \"$GPUPOOL_JOB_DIR/output/seen\"; exit 7"
+    )
+    template = shipped_templates["command"]
+    rendered = render(make_spec(template, template="command", params=template.validate_params({"command": line}), job_dir=str(tmp_path)))
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+    script = tmp_path / "job.sbatch"
+    script.write_text(rendered.script)
+    ran = subprocess.run(["/bin/bash", str(script)], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=False, timeout=30)
+    assert ran.returncode == 7, ran.stderr  # the command's own exit status is the job's
+    assert (tmp_path / "output" / "seen").read_text() == "command|its|sub\n"
+
+
 # A sweep of hello's message over three values, at most two tasks at once.
 SWEEP = ArraySpec(count=3, max_parallel=2, sweep_param="message", sweep_values=("a'; echo foo", "a\n0", "$(touch /tmp/x)"))
 SWEEP_RUNTIMES = ("none", "docker")
@@ -272,6 +306,7 @@ def test_goldens_have_no_strays() -> None:
     expected |= {f"hello-sweep-{runtime}.{ext}" for runtime in SWEEP_RUNTIMES for ext in ("sbatch", "options")}
     expected |= {f"hello-spot-{runtime}.{ext}" for runtime in ("none", "pyxis") for ext in ("sbatch", "options")}
     expected |= {f"{name}.sbatch" for name in SESSION_GOLDENS}
+    expected |= {f"{name}.sbatch" for name in COMMAND_GOLDENS}
     assert {path.name for path in GOLDEN_DIR.iterdir()} == expected
 
 
@@ -594,6 +629,7 @@ def test_hello_accepts_hostile_but_valid_messages(hello: Template, name: str) ->
 # script asks of it, so the tests check the rendered file, not a mock of gpupool.
 
 RUN_PARAMS = {
+    "command": {"command": "a'; echo foo\n$(id)\n#SBATCH --account=evil"},
     "hello": {"message": "a'; echo foo\n$(id)", "seconds": 0},
     "inference": {"model": "meta-llama/Llama-3-8B", "input": "x\n#SBATCH --account=evil"},
     "train": {"data_dir": "/data/set1", "epochs": 2},

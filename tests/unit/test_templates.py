@@ -31,7 +31,7 @@ def errors_of(template: Template, raw: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def test_shipped_templates_load(shipped_templates: dict[str, Template]) -> None:
-    assert list(shipped_templates) == ["hello", "inference", "jupyter", "train", "webapp"]
+    assert list(shipped_templates) == ["command", "hello", "inference", "jupyter", "train", "webapp"]
     for name, template in shipped_templates.items():
         assert template.name == name
         assert template.body == (SHIPPED_TEMPLATES / name / "run.sh").read_text()
@@ -40,7 +40,7 @@ def test_shipped_templates_load(shipped_templates: dict[str, Template]) -> None:
 
 @pytest.mark.parametrize(
     ("name", "min_gpus", "max_gpus", "default_gpus"),
-    [("hello", 1, None, 1), ("inference", 1, 1, 1), ("train", 1, None, 2), ("jupyter", 1, None, 1), ("webapp", 1, None, 1)],
+    [("command", 1, None, 1), ("hello", 1, None, 1), ("inference", 1, 1, 1), ("train", 1, None, 2), ("jupyter", 1, None, 1), ("webapp", 1, None, 1)],
 )
 def test_gpu_bounds(shipped_templates: dict[str, Template], name: str, min_gpus: int, max_gpus: int | None, default_gpus: int) -> None:
     template = shipped_templates[name]
@@ -308,6 +308,7 @@ def test_load_templates_skips_folders_without_toml(tmp_path: Path) -> None:
 
 # Each shipped template's smallest valid params; a test swaps one value for a hostile one.
 MINIMAL_PARAMS: dict[str, dict[str, Any]] = {
+    "command": {"command": "x"},
     "hello": {},
     "inference": {"model": "m", "input": "x"},
     "train": {"data_dir": "/data/set1"},
@@ -355,7 +356,7 @@ def is_path_param(template: Template, param: str) -> bool:
 def test_every_shipped_template_is_walked() -> None:
     assert MINIMAL_PARAMS.keys() == _LOADED.keys()
     assert sorted(STRING_PARAMS) == [
-        ("hello", "message"), ("inference", "input"), ("inference", "model"), ("train", "data_dir"), ("train", "script"),
+        ("command", "command"), ("hello", "message"), ("inference", "input"), ("inference", "model"), ("train", "data_dir"), ("train", "script"),
         ("webapp", "command"),
     ]
     paths = sorted((t, p) for t, p in STRING_PARAMS if is_path_param(_LOADED[t], p))
