@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import httpx
 
 from gpupool_client.errors import (
+    ConnectionFailed,
     GpupoolError,
     RateLimited,
     ServiceUnavailable,
@@ -330,6 +331,92 @@ def stored_offset(error: GpupoolError) -> int | None:
 def upload_offset_of(response: httpx.Response) -> int:
     raw = response.headers.get(UPLOAD_OFFSET_HEADER, "0").strip()
     return int(raw) if raw.isdigit() else 0
+
+
+class Upload:
+    """One resumable upload's state, shared by ``Client.upload`` and ``AsyncClient.upload``, which do the I/O.
+
+    ``offset`` is where the next PUT starts: None starts over (no ``Upload-Offset``),
+    a number continues what the server holds.
+    """
+
+    def __init__(self, remote: str, total: int, offset: int | None) -> None:
+        self.path = files_path(remote)
+        self.total = total
+        self.offset = offset if offset is None or offset <= total else None  # not this file's beginning: start again
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Length": str(self.total - (self.offset or 0)), "Content-Type": "application/octet-stream"}
+        if self.offset is not None:
+            headers[UPLOAD_OFFSET_HEADER] = str(self.offset)
+        return headers
+
+    def body(self, handle: BinaryIO, progress: Progress | None) -> Iterator[bytes]:
+        return read_chunks(handle, self.offset or 0, self.total, progress)
+
+    def refused(self, response: httpx.Response, attempt: int, attempts: int) -> GpupoolError | None:
+        """After a refused PUT: None to go on at once from where the server says it stands,
+        else the error to retry after the policy's delay; raised here when no retry can help."""
+        error = answer_error(response)
+        kept = stored_offset(error)
+        if kept is not None and kept <= self.total and attempt + 1 < attempts:
+            self.offset = kept
+            return None
+        if error.code != "upload_in_progress" and not retryable(response):
+            raise error
+        return error
+
+    def cut_off(self, exc: httpx.TransportError) -> GpupoolError:
+        return ConnectionFailed(f"PUT {self.path}: {exc or type(exc).__name__}", code="connection_failed")
+
+
+class Download:
+    """One download written aside and renamed when whole, shared by ``Client.download`` and
+    ``AsyncClient.download``, which do the I/O: what to ask next (``Range`` with ``If-Range``
+    on the ETag, so a file replaced meanwhile starts over) and what an answer means for the file.
+    """
+
+    def __init__(self, remote: str, out: BinaryIO, target: Path, partial: Path, progress: Progress | None) -> None:
+        self.remote, self.path = remote, files_path(remote)
+        self.out, self.target, self.partial, self.progress = out, target, partial, progress
+        self.etag: str | None = None
+        self.total = 0
+
+    def headers(self) -> dict[str, str]:
+        done = self.out.tell()
+        return {"Range": f"bytes={done}-", "If-Range": self.etag} if done and self.etag else {}
+
+    def begin(self, response: httpx.Response) -> bool:
+        """True when ``response`` brings the file's bytes (write them, then ``finish``); False for an error answer."""
+        if response.status_code not in (200, 206):
+            return False
+        if response.headers.get("Content-Type", "").startswith("application/json"):
+            raise GpupoolError(f"{self.remote} is a folder, not a file", code="is_a_folder")
+        done = self.out.tell()
+        if response.status_code == 200 or content_range_start(response) != done:
+            self.out.seek(0)
+            self.out.truncate()
+            done = 0
+        self.etag = response.headers.get("ETag")
+        self.total = done + int(response.headers.get("Content-Length", "0"))
+        return True
+
+    def write(self, block: bytes) -> None:
+        self.out.write(block)
+        if self.progress is not None:
+            self.progress(self.out.tell(), self.total)
+
+    def finish(self) -> Path:
+        """The file under its name once every byte has come; a cut-off answer is a ReadError, retried like any."""
+        done = self.out.tell()
+        if done != self.total:
+            raise httpx.ReadError(f"the answer ended after {done} of {self.total} bytes")
+        self.out.flush()
+        self.partial.replace(self.target)
+        return self.target
+
+    def cut_off(self, exc: httpx.TransportError) -> GpupoolError:
+        return ConnectionFailed(f"GET {self.path}: {exc or type(exc).__name__}", code="connection_failed")
 
 
 def content_range_start(response: httpx.Response) -> int | None:

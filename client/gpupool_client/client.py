@@ -13,16 +13,16 @@ import httpx
 from gpupool_client._core import (
     DEFAULT_TIMEOUT,
     TRANSFER_CHUNK,
-    UPLOAD_OFFSET_HEADER,
+    Download,
     FollowPacer,
     JobFields,
     LineAssembler,
     Progress,
     RetryPolicy,
+    Upload,
     WaitPacer,
     answer_error,
     attachment_name,
-    content_range_start,
     default_headers,
     files_path,
     list_params,
@@ -30,11 +30,9 @@ from gpupool_client._core import (
     new_idempotency_key,
     partial_path,
     raise_for_answer,
-    read_chunks,
     resolve_settings,
     retryable,
     session_is_open,
-    stored_offset,
     submit_body,
     upload_offset_of,
 )
@@ -407,41 +405,29 @@ class Client:
         ``progress(done, total)`` is called after each chunk.
         """
         source = Path(local)
-        total = source.stat().st_size
-        offset: int | None = self.upload_offset(remote) if resume else None
-        if offset is not None and offset > total:
-            offset = None  # not this file's beginning: start again
+        upload = Upload(remote, source.stat().st_size, self.upload_offset(remote) if resume else None)
         attempt = 0
         with open(source, "rb") as handle:
             while True:
-                start = offset or 0
-                headers = {"Content-Length": str(total - start), "Content-Type": "application/octet-stream"}
-                if offset is not None:
-                    headers[UPLOAD_OFFSET_HEADER] = str(offset)
-                error: GpupoolError
+                error: GpupoolError | None
                 try:
-                    response = self._http.put(
-                        files_path(remote), content=read_chunks(handle, start, total, progress), headers=headers
-                    )
+                    response = self._http.put(upload.path, content=upload.body(handle, progress), headers=upload.headers())
                 except httpx.TransportError as exc:
-                    error = ConnectionFailed(f"PUT {files_path(remote)}: {exc or type(exc).__name__}", code="connection_failed")
+                    error = upload.cut_off(exc)
                 else:
                     if response.is_success:
                         result: dict[str, Any] = response.json()
                         return result
-                    error = answer_error(response)
-                    kept = stored_offset(error)
-                    if kept is not None and kept <= total and attempt + 1 < self.retry.attempts:
-                        offset, attempt = kept, attempt + 1  # the server says where it stands: go on from there
+                    error = upload.refused(response, attempt, self.retry.attempts)
+                    if error is None:  # the server says where it stands: go on from there
+                        attempt += 1
                         continue
-                    if error.code != "upload_in_progress" and not retryable(response):
-                        raise error
                 delay = self.retry.delay(attempt, error)
                 if delay is None:
                     raise error
                 time.sleep(delay)
                 attempt += 1
-                offset = self.upload_offset(remote)
+                upload.offset = self.upload_offset(remote)
 
     def download(self, remote: str, local: str | os.PathLike[str], *, progress: Progress | None = None) -> Path:
         """Download ``remote`` from the account's storage to ``local``, streamed; the path written.
@@ -452,41 +438,24 @@ class Client:
         """
         target = Path(local)
         partial = partial_path(target)
-        etag: str | None = None
         attempt = 0
         with open(partial, "wb") as out:
+            download = Download(remote, out, target, partial, progress)
             try:
                 while True:
                     error: GpupoolError
-                    done = out.tell()
-                    headers = {"Range": f"bytes={done}-", "If-Range": etag} if done and etag else {}
                     try:
-                        with self._http.stream("GET", files_path(remote), headers=headers) as response:
-                            if response.status_code in (200, 206):
-                                if response.headers.get("Content-Type", "").startswith("application/json"):
-                                    raise GpupoolError(f"{remote} is a folder, not a file", code="is_a_folder")
-                                if response.status_code == 200 or content_range_start(response) != done:
-                                    out.seek(0)
-                                    out.truncate()
-                                    done = 0
-                                etag = response.headers.get("ETag")
-                                total = done + int(response.headers.get("Content-Length", "0"))
+                        with self._http.stream("GET", download.path, headers=download.headers()) as response:
+                            if download.begin(response):
                                 for block in response.iter_bytes(TRANSFER_CHUNK):
-                                    out.write(block)
-                                    done += len(block)
-                                    if progress is not None:
-                                        progress(done, total)
-                                if done == total:
-                                    out.flush()
-                                    partial.replace(target)
-                                    return target
-                                raise httpx.ReadError(f"the answer ended after {done} of {total} bytes")
+                                    download.write(block)
+                                return download.finish()
                             response.read()
                             if not retryable(response):
                                 raise_for_answer(response)
                             error = answer_error(response)
                     except httpx.TransportError as exc:
-                        error = ConnectionFailed(f"GET {files_path(remote)}: {exc or type(exc).__name__}", code="connection_failed")
+                        error = download.cut_off(exc)
                     delay = self.retry.delay(attempt, error)
                     if delay is None:
                         raise error
