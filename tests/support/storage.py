@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from sqlalchemy import update
@@ -15,18 +13,11 @@ from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.slurm.tenants import lookup_tenant
 from gpupool.storage.volumes import ensure_volume, remove_volume
-from tests.support.tenancy import runas_helper
+from tests.support.tenancy import root_for_tests, runas_helper
 
 
-@contextmanager
-def storage_root_for_tests() -> Iterator[Path]:
-    """A storage root tenants can pass through (pytest's own folders are root's alone, 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="gpupool-data-", dir="/var/tmp"))
-    root.chmod(0o711)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def storage_root_for_tests() -> AbstractContextManager[Path]:
+    return root_for_tests("gpupool-data-")
 
 
 @contextmanager

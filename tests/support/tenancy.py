@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from gpupool.config import Settings
@@ -45,14 +45,18 @@ def ensure_service_user() -> pwd.struct_passwd:
 
 
 @contextmanager
-def job_root_for_tests() -> Iterator[Path]:
-    """A job root tenants can reach: pytest's own temporary folders are root's alone (0700)."""
-    root = Path(tempfile.mkdtemp(prefix="gpupool-jobs-", dir="/var/tmp"))
+def root_for_tests(prefix: str = "gpupool-jobs-") -> Iterator[Path]:
+    """A job or storage root tenants can pass through: pytest's own temporary folders are root's alone (0700)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     root.chmod(0o711)
     try:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def job_root_for_tests() -> AbstractContextManager[Path]:
+    return root_for_tests("gpupool-jobs-")
 
 
 def helper_environment(job_root: Path, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
