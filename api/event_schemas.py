@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpupool.webhooks import (
+from gpupool.webhooks.events import (
     BUDGET_FORECAST,
     BUDGET_THRESHOLD,
     JOB_ENDED,

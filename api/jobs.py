@@ -47,7 +47,7 @@ from gpupool.jobstate import NOT_REPORTED, SUBMISSION_LOST
 from gpupool.models import Account, Job, JobTask
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import log_path
-from gpupool.webhooks import job_callback_secret
+from gpupool.webhooks.endpoints import job_callback_secret
 
 log = logging.getLogger("gpupool.jobs")
 submit_bp = Blueprint("submit", __name__)

@@ -350,7 +350,7 @@ class SubmitOut(JobOut):
     )
 
 
-# gpupool.webhooks.EVENT_TYPES, spelled out for pydantic and mypy; tests/unit/test_event_schemas.py holds them together.
+# gpupool.webhooks.events.EVENT_TYPES, spelled out for pydantic and mypy; tests/unit/test_event_schemas.py holds them together.
 WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "job.idle", "budget.threshold", "budget.forecast"]
 
 

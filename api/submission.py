@@ -47,7 +47,8 @@ from gpupool.slurm.client import GpuInventory
 from gpupool.storage.paths import account_storage_dir
 from gpupool.templates import Template
 from gpupool.tokens import Principal
-from gpupool.webhooks import add_job_callback, check_destination
+from gpupool.webhooks.destinations import check_destination
+from gpupool.webhooks.endpoints import add_job_callback
 
 log = logging.getLogger("gpupool.submit")
 # Slurm's words for ESLURM_INVALID_QOS (slurm_errtab.c), as sbatch prints them.

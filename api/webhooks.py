@@ -25,7 +25,8 @@ from gpupool.config import allowed_networks
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, Conflict, NotFound
 from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
-from gpupool.webhooks import check_destination, new_secret, url_origin
+from gpupool.webhooks.destinations import check_destination, url_origin
+from gpupool.webhooks.endpoints import new_secret
 
 webhooks_bp = Blueprint("webhooks", __name__)
 

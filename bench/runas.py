@@ -28,7 +28,7 @@ from bench.submit import timed  # noqa: E402
 from gpupool.config import load_settings  # noqa: E402
 from gpupool.proc import minimal_env, run_command  # noqa: E402
 from gpupool.render import JobSpec, render  # noqa: E402
-from gpupool.slurm.runas import RunasClient  # noqa: E402
+from gpupool.slurm.runas.client import RunasClient  # noqa: E402
 from gpupool.slurm.tenants import ensure_tenant_folder, lookup_tenant  # noqa: E402
 from gpupool.templates import load_templates  # noqa: E402
 

@@ -52,7 +52,7 @@ from gpupool.models import (
 )
 from gpupool.models.alerts import DEFAULT_THRESHOLDS, EMAIL_PENDING
 from gpupool.models.webhooks import PENDING
-from gpupool.webhooks import BUDGET_FORECAST, BUDGET_THRESHOLD
+from gpupool.webhooks.events import BUDGET_FORECAST, BUDGET_THRESHOLD
 
 CREDIT = "credit"
 LIMIT = "limit"

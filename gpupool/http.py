@@ -4,7 +4,7 @@ Reads from the cluster's own servers (a node's GPU exporter, a session's shim)
 go through ``fetch``: no proxy from the environment, a timeout on the connect
 and on every read, and an answer read only up to a bound, so a server that talks
 forever costs one bound, not the process's memory. The webhook sender builds
-its own httpx client on the same library (gpupool.webhooks), since it pins
+its own httpx client on the same library (gpupool.webhooks.transport), since it pins
 the address it checked and carries its own deadline. The session shim, which
 runs inside a tenant's job with nothing but Python's standard library, is the
 one exception.

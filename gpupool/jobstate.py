@@ -43,7 +43,7 @@ from gpupool.models import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.jobs import SUBMITTING, UNKNOWN
 from gpupool.render import TAG_PREFIX, job_tag
 from gpupool.slurm.client import AccountingEntry, JobRows, QueueEntry, SlurmClient
-from gpupool.webhooks import JobEvents
+from gpupool.webhooks.outbox import JobEvents
 
 log = logging.getLogger("gpupool.jobstate")
 LEASE_ID = 1

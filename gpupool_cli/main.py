@@ -26,7 +26,7 @@ from gpupool.errors import ConfigError, GpupoolError
 from gpupool.members import identities
 from gpupool.models import ACCOUNT_NAME, Account
 from gpupool.slurm.client import SlurmClient
-from gpupool.slurm.runas import exec_lean_helper
+from gpupool.slurm.runas.launch import add_serve_arguments, exec_lean_helper, serve_socket
 from gpupool.slurm.tenants import ensure_tenant_folder, ensure_tenant_user
 from gpupool.storage.sizes import format_size
 from gpupool_cli.audit_cmds import add_audit_parsers
@@ -209,10 +209,7 @@ def cmd_account_list(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_runas_serve(settings: Settings, args: argparse.Namespace) -> int:
-    socket_path = args.socket or settings.runas_socket
-    if not socket_path:
-        raise ConfigError("give --socket or set runas_socket")
-    exec_lean_helper(socket_path, args.allow_user)
+    exec_lean_helper(serve_socket(settings, args), args.allow_user)
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -266,8 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="runas_command", required=True
     )
     runas_serve = runas.add_parser("serve", help="listen on the socket (root; the service user may connect)")
-    runas_serve.add_argument("--socket", default=None, help="socket path (default: the runas_socket setting)")
-    runas_serve.add_argument("--allow-user", action="append", default=[], help="another Unix user allowed to connect")
+    add_serve_arguments(runas_serve)
     runas_serve.set_defaults(handler=cmd_runas_serve)
 
     serve = sub.add_parser("serve", help="run the API with the development server")

@@ -57,7 +57,7 @@ gpupool_env=(GPUPOOL_DATABASE_URL GPUPOOL_RATELIMIT_STORAGE_URI GPUPOOL_JOB_ROOT
              GPUPOOL_SERVICE_GROUP GPUPOOL_RUNAS_SOCKET)
 root_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
 for name in "${gpupool_env[@]}"; do root_env+=("$name=${!name}"); done
-# The run-as helper gets those of the settings it reads (gpupool.slurm.runas.HELPER_SETTINGS)
+# The run-as helper gets those of the settings it reads (gpupool.slurm.runas.launch.HELPER_SETTINGS)
 # that are set here: not the database URL, not the JWT secret exported below.
 # (It starts itself again with only its own settings in any case.)
 helper_env=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin)

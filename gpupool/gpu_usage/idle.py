@@ -77,7 +77,8 @@ from gpupool.models.gpu_usage import ACCOUNT, TEMPLATE, GpuSample, IdlePolicy
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.detail import RunningJob
 from gpupool.slurm.tenants import tenant_user_name
-from gpupool.webhooks import JOB_IDLE, enqueue_job_event
+from gpupool.webhooks.events import JOB_IDLE
+from gpupool.webhooks.outbox import enqueue_job_event
 
 log = logging.getLogger("gpupool.idle")
 

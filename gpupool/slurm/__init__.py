@@ -7,6 +7,6 @@
 - ``detail``: ``scontrol show job -d``, which GPU indices each running job holds.
 - ``report``: what the operator report reads (sacct runs, node events, sreport).
 - ``runas``: the root run-as helper that submits as the account's own Unix user,
-  and its client.
+  and its client (a package: checks, engine, server, client, launch).
 - ``tenants``: the accounts' Unix users and job folders.
 """

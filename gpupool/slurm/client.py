@@ -51,7 +51,8 @@ from gpupool.slurm.report import (
     parse_node_gpus,
     parse_pending,
 )
-from gpupool.slurm.runas import BUDGET_TRES, TenantActions, tenant_actions
+from gpupool.slurm.runas.actions import TenantActions, tenant_actions
+from gpupool.slurm.runas.engine import BUDGET_TRES
 
 T = TypeVar("T")
 log = logging.getLogger("gpupool.slurm")

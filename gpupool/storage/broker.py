@@ -49,7 +49,7 @@ _UPLOAD_KEY = re.compile(r"^[0-9a-f]{64}$")
 # Read once: the agent runs from its source on python's command line, as the tenant may not read gpupool's files.
 AGENT_SOURCE = Path(agent.__file__).read_text()
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
-# The agent's own files are the tenant's alone, as everything a job writes (gpupool.slurm.runas.JOB_UMASK).
+# The agent's own files are the tenant's alone, as everything a job writes (gpupool.slurm.runas.engine.JOB_UMASK).
 _AGENT_UMASK = 0o077
 
 

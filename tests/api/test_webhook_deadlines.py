@@ -21,7 +21,7 @@ from sqlalchemy.orm import sessionmaker
 
 from gpupool.config import Settings
 from gpupool.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from gpupool.webhooks import WebhookSender
+from gpupool.webhooks.sender import WebhookSender
 from tests.conftest import bearer, wait_for, wait_for_state
 
 HELLO = {"template": "hello", "gpus": 1, "params": {"seconds": 0}}

@@ -16,7 +16,8 @@ from sqlalchemy.orm import sessionmaker
 from api.event_schemas import validate_event
 from gpupool.config import Settings
 from gpupool.models import Job, WebhookAttempt, WebhookEndpoint, WebhookEvent
-from gpupool.webhooks import JobEvents, WebhookSender
+from gpupool.webhooks.outbox import JobEvents
+from gpupool.webhooks.sender import WebhookSender
 from tests.conftest import bearer, wait_for, wait_for_state
 from tests.support.receiver import WebhookReceiver, serve_webhooks
 

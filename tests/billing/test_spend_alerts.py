@@ -35,7 +35,7 @@ from gpupool.models import (
 )
 from gpupool.models.alerts import EMAIL_PENDING, EMAIL_SENT
 from gpupool.slurm.client import SlurmClient
-from gpupool.webhooks import BUDGET_FORECAST, BUDGET_THRESHOLD
+from gpupool.webhooks.events import BUDGET_FORECAST, BUDGET_THRESHOLD
 from tests.billing.conftest import LedgerDb, _prepare
 from tests.conftest import bearer, create_app_for_tests, create_database, drop_database
 from tests.support.sacct_dumps import as_pass_output

@@ -29,7 +29,7 @@ import pytest
 from gpupool.config import Settings
 from gpupool.errors import RunasUnavailable, TenantError
 from gpupool.render import JobSpec, RenderedJob, render
-from gpupool.slurm.runas import RunasClient
+from gpupool.slurm.runas.client import RunasClient
 from tests.conftest import (
     JWT_SECRET,
     base_settings,

@@ -34,7 +34,7 @@ from gpupool.config import Settings
 from gpupool.models import LedgerEntry
 from gpupool.proc import CommandResult, run_command
 from gpupool.slurm.client import SlurmClient
-from gpupool.webhooks import WebhookSender
+from gpupool.webhooks.sender import WebhookSender
 from tests.conftest import bearer, wait_for
 from tests.support.receiver import WebhookReceiver, serve_webhooks
 from tests.support.services import (

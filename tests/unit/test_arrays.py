@@ -25,14 +25,8 @@ from gpupool.jobstate import array_state
 from gpupool.render import ARRAY_VALUES_DIR, ArraySpec, JobSpec, param_env_name, render
 from gpupool.slurm.client import parse_accounting, parse_queue
 from gpupool.slurm.parse import ArrayJobId, ParseError, parse_array_job_id
-from gpupool.slurm.runas import (
-    DirectTenantActions,
-    _cancel_target,
-    array_size,
-    check_array_values,
-    check_script,
-    check_submit_options,
-)
+from gpupool.slurm.runas.checks import array_size, cancel_target, check_array_values, check_script, check_submit_options
+from gpupool.slurm.runas.engine import DirectTenantActions
 from gpupool.slurm.tenants import Tenant
 
 JOB_ID = "0b0e4c8e-8a8f-4a2b-9a59-0f6b3c1d2e4f"
@@ -229,7 +223,7 @@ def test_array_values_are_checked() -> None:
                                              ("123_4 --user=x", False), ("-1_2", False), ("123_04", False), (True, False),
                                              (0, False), ("123_[1-2]", False)])
 def test_scancel_targets(target: object, ok: bool) -> None:
-    assert _cancel_target(target) is ok
+    assert cancel_target(target) is ok
 
 
 # --- the job-id grammar ------------------------------------------------------------------

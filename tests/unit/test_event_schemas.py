@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from api.event_schemas import EVENTS, validate_event
 from api.openapi import openapi_document
 from api.schemas import WebhookEventType
-from gpupool.webhooks import ACCOUNT_EVENT_TYPES, EVENT_TYPES, JOB_EVENT_TYPES
+from gpupool.webhooks.events import ACCOUNT_EVENT_TYPES, EVENT_TYPES, JOB_EVENT_TYPES
 
 
 def test_every_event_type_is_accepted_at_registration_and_documented() -> None:

@@ -15,16 +15,10 @@ from gpupool.config import Settings, load_settings
 from gpupool.errors import RunasUnavailable, SubmissionUncertain, TenantError
 from gpupool.render import JobSpec, RenderedJob, render
 from gpupool.slurm.client import QueueEntry, SlurmClient
-from gpupool.slurm.runas import (
-    _ACCOUNT,
-    HELPER_SETTINGS,
-    RunasClient,
-    check_script,
-    check_submit_options,
-    helper_environment,
-    job_folder,
-    script_directives,
-)
+from gpupool.slurm.runas.checks import _ACCOUNT, check_script, check_submit_options, job_folder
+from gpupool.slurm.runas.client import RunasClient
+from gpupool.slurm.runas.directives import script_directives
+from gpupool.slurm.runas.launch import HELPER_SETTINGS, helper_environment
 from gpupool.slurm.tenants import UNIX_USER_NAME, member_user_name, tenant_user_name
 
 JOB_ID = "0b0e4c8e-8a8f-4a2b-9a59-0f6b3c1d2e4f"

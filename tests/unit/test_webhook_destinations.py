@@ -9,7 +9,8 @@ from gpupool_client import InvalidSignature, verify_signature
 
 from gpupool.config import allowed_networks
 from gpupool.errors import WebhookUrlRefused
-from gpupool.webhooks import check_destination, signature_header
+from gpupool.webhooks.destinations import check_destination
+from gpupool.webhooks.sender import signature_header
 
 
 @pytest.mark.parametrize(
