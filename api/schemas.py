@@ -305,17 +305,24 @@ class StorageUsageOut(BaseModel):
     available_bytes: int | None = Field(description="What can still be written: a write past it fails (507 storage_quota_exceeded, ENOSPC in a job)")
 
 
+class StorageBilledOut(BaseModel):
+    byte_seconds: int = Field(description="Bytes stored x seconds kept, as billed in the period (exact)")
+    gib_hours: str = Field(description="The same in GiB-hours, to three decimals")
+    amount: str = Field(description="Exact, unrounded; the invoice's storage lines round it to the cent")
+
+
 class UsageOut(BaseModel):
     account: str
     period: str
     currency: str
     gpu_seconds: int
-    charges: str = Field(description="Job lines, each rounded to the cent as on the invoice")
+    charges: str = Field(description="Job and storage lines, each rounded to the cent as on the invoice")
     adjustments: str
     total: str = Field(description="Equals the invoice's total line")
     by_gpu_type: list[UsageByType]
     by_day: list[UsageByDay]
     balance: BalanceOut
+    storage_billed: StorageBilledOut = Field(description="The account's storage billed in the period (per GiB-month)")
     storage: StorageUsageOut | None = Field(default=None, description="The account's storage (GET /files/); null where the site has none")
 
 

@@ -1,4 +1,4 @@
-"""Invoices: one CSV line per job run per period, adjustment lines, then the total.
+"""Invoices: one CSV line per job run per period, storage lines, adjustment lines, then the total.
 
 A job line carries its price ``tier`` (``normal``, or ``spot`` for a
 preemptible run at the spot price), and ``end_reason`` when gpupool itself
@@ -16,6 +16,12 @@ until the spot tier's first price, even when that price is the same). Its
 amount is rounded once (``billing.money``), and the total is the sum of the
 rounded lines. Order is fixed: job lines by cluster, Slurm job id, run start,
 GPU type, price and tier; adjustments by time.
+
+Storage (billing.storage) is one line per price in the period, after the job
+lines: ``line_type`` ``storage``, ``start`` and ``end`` the first and last
+charged moments, ``billed_seconds`` the seconds charged, ``unit_price`` the
+price per GiB-month, and ``gib_hours`` (the last column, empty on other lines)
+the GiB-hours kept, to three decimals.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from sqlalchemy.engine import Connection
 from billing.calendar import next_month_start
 from billing.money import format_cents, format_nanos, round_to_cents
 from gpupool.clock import utc_text
-from gpupool.models import Adjustment, Job, LedgerEntry
+from gpupool.models import Adjustment, Job, LedgerEntry, StorageCharge
 
 INVOICE_COLUMNS = (
     "line_type",
@@ -55,10 +61,12 @@ INVOICE_COLUMNS = (
     "currency",
     "tier",
     "end_reason",
+    "gib_hours",
 )
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP, CSV injection).
 FORMULA_STARTS = frozenset("=+-@\t\r")
 _BATCH = 10_000
+GIB_HOUR_BYTE_SECONDS = 1024**3 * 3600
 
 
 def spreadsheet_text(cell: str) -> str:
@@ -177,6 +185,46 @@ def job_line_groups(connection: Connection, account: str, period: str) -> Iterat
     yield from result.partitions(_BATCH)
 
 
+@dataclass
+class StorageLine:
+    start: dt.datetime
+    end: dt.datetime
+    seconds: int
+    byte_seconds: int
+    nanos_per_gib_month: int
+    amount_nanos: int
+
+
+def storage_lines(connection: Connection, account: str, period: str) -> list[StorageLine]:
+    """The account's storage charges in ``period``, one line per price, in the order each price was first charged.
+
+    A period holds at most a row per hour (billing.storage): few enough to group here.
+    """
+    charge = StorageCharge
+    rows = connection.execute(
+        select(charge.interval_from, charge.interval_to, charge.byte_seconds, charge.nanos_per_gib_month, charge.amount_nanos)
+        .where(charge.account == account, charge.period == period)
+        .order_by(charge.interval_from)
+    )
+    lines: dict[int, StorageLine] = {}
+    for start, end, byte_seconds, price, nanos in rows:
+        line = lines.get(price)
+        if line is None:
+            line = lines[price] = StorageLine(start, end, 0, 0, price, 0)
+        line.end = end
+        line.seconds += int((end - start).total_seconds())
+        line.byte_seconds += byte_seconds
+        line.amount_nanos += nanos
+    return list(lines.values())
+
+
+def gib_hours_text(byte_seconds: int) -> str:
+    """GiB-hours to three decimals, rounded half up: for reading; the amount comes from the exact byte-seconds."""
+    thousandths = (byte_seconds * 1000 * 2 + GIB_HOUR_BYTE_SECONDS) // (2 * GIB_HOUR_BYTE_SECONDS)
+    whole, part = divmod(thousandths, 1000)
+    return f"{whole}.{part:03d}"
+
+
 def end_reasons(connection: Connection, account: str, period: str) -> dict[tuple[str, str], str]:
     """(gpupool job id, its end as invoice text) -> why gpupool ended it, for the account's jobs gpupool ended in the period."""
     year, month = (int(part) for part in period.split("-"))
@@ -210,10 +258,21 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
                     "job", gpupool_id or "", slurm_id, spreadsheet_text(name), spreadsheet_text(gpu_type), gpus,
                     # A tier is one the operator priced (``gpupool price set --tier``), never tenant text.
                     start, end, seconds, gpu_seconds, unit, format_cents(cents), currency, tier,
-                    spreadsheet_text(reasons.get((gpupool_id, end), "")) if gpupool_id else "",
+                    spreadsheet_text(reasons.get((gpupool_id, end), "")) if gpupool_id else "", "",
                 )
             )
         totals.lines += len(batch)
+        yield batch
+    batch = []
+    for line in storage_lines(connection, account, period):
+        cents = round_to_cents(line.amount_nanos)
+        totals.cents += cents
+        batch.append(
+            ("storage", "", "", "storage", "", "", utc_text(line.start), utc_text(line.end), line.seconds, "",
+             format_nanos(line.nanos_per_gib_month), format_cents(cents), currency, "", "", gib_hours_text(line.byte_seconds))
+        )
+    totals.lines += len(batch)
+    if batch:
         yield batch
     adjustments = connection.execute(
         select(Adjustment.id, Adjustment.created_at, Adjustment.reason, Adjustment.amount_nanos)
@@ -224,8 +283,10 @@ def invoice_lines(connection: Connection, account: str, period: str, currency: s
     for adjustment_id, created_at, reason, nanos in adjustments:
         cents = round_to_cents(int(nanos))
         totals.cents += cents
-        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", utc_text(created_at), "", "", "", "", format_cents(cents), currency, "", ""))
-    batch.append(("total", "", "", "", "", "", "", "", totals.billed_seconds, totals.gpu_seconds, "", format_cents(totals.cents), currency, "", ""))
+        batch.append(("adjustment", f"adj-{adjustment_id}", "", spreadsheet_text(reason), "", "", utc_text(created_at), "", "", "", "", format_cents(cents), currency, "", "", ""))
+    batch.append(
+        ("total", "", "", "", "", "", "", "", totals.billed_seconds, totals.gpu_seconds, "", format_cents(totals.cents), currency, "", "", "")
+    )
     yield batch
 
 
@@ -253,6 +314,7 @@ def invoice_filename(account: str, period: str) -> str:
 def invoice_total_cents(connection: Connection, account: str, period: str) -> tuple[int, int, int]:
     """(charges, adjustments, total) in cents, by the invoice's own rounding."""
     charges = sum(round_to_cents(group[-1]) for partition in job_line_groups(connection, account, period) for group in partition)
+    charges += sum(round_to_cents(line.amount_nanos) for line in storage_lines(connection, account, period))
     adjustments = sum(
         round_to_cents(int(nanos))
         for (nanos,) in connection.execute(

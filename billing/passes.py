@@ -32,6 +32,7 @@ from billing.ledger_writer import JobIdLookup, write_ledger_rows
 from billing.meter import Billed, RunKey, billed_by_run, meter_rows
 from billing.prices import load_prices
 from billing.sacct import PASS_FIELDS, JobRun, RunReader, Tenancy, detect_delimiter
+from billing.storage import StorageMetered, StoredBytes, meter_storage, stored_bytes
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
@@ -60,6 +61,9 @@ class PassReport:
     sha256: str
     # Rows a pass left unbilled, one sentence each (a replay refuses its file instead).
     refused: tuple[str, ...] = ()
+    # Storage charged by the pass (billing.storage); a replay charges none.
+    storage_charges: int = 0
+    storage_amount_nanos: int = 0
 
 
 ProgressHook = Callable[[PassReport | None], None]
@@ -144,8 +148,12 @@ def bill_sacct_output(
     started_at: dt.datetime,
     default_cluster: str | None = None,
     fields: tuple[str, ...] | None = None,
+    measure_storage: StoredBytes | None = None,
 ) -> PassReport:
     """Bill ``text`` inside the caller's transaction, which must hold the billing lock.
+
+    With ``measure_storage`` (a pass, not a replay of old output) the accounts' storage is
+    measured and charged too (billing.storage), in the same transaction.
 
     ``fields`` names the columns of header-less output; without it the first line is the header.
     """
@@ -199,6 +207,7 @@ def bill_sacct_output(
     for reason in reader.refused:
         log.warning("billing pass %s: not billed, %s", record.id, reason)
     credits = credit_failed_nodes(session, runs, started_at) if settings.billing_credit_failed_nodes else 0
+    storage = meter_storage(session, settings, record.id, started_at, measure_storage) if measure_storage else StorageMetered()
     try:
         archive_path, sha256 = archiver.result()
     except OSError as exc:
@@ -209,7 +218,7 @@ def bill_sacct_output(
     record.ledger_rows = len(rows)
     record.adjustment_rows = credits
     # In the pass's transaction: a threshold fires exactly when the rows that crossed it are stored.
-    fire_alerts(session, settings, (run.account for run in runs), started_at, record.id)
+    fire_alerts(session, settings, {*(run.account for run in runs), *storage.charged_accounts}, started_at, record.id)
     record.finished_at = utcnow()
     return PassReport(
         pass_id=record.id,
@@ -221,6 +230,8 @@ def bill_sacct_output(
         gpu_seconds=sum(row.gpu_seconds for row in rows),
         amount_nanos=sum(row.amount_nanos for row in rows),
         credits=credits,
+        storage_charges=storage.charges,
+        storage_amount_nanos=storage.amount_nanos,
         archive_path=archive_path,
         sha256=sha256,
         refused=tuple(reader.refused),
@@ -243,8 +254,9 @@ def run_pass(
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
     now: dt.datetime | None = None,
+    measure_storage: StoredBytes = stored_bytes,
 ) -> PassReport:
-    """One pass over sacct's window; committed whole, or not at all."""
+    """One pass over sacct's window, and the accounts' storage; committed whole, or not at all."""
     started_at = now or utcnow().replace(microsecond=0)
     with session_factory() as session, session.begin():
         mark = _lock(session, started_at)
@@ -267,6 +279,7 @@ def run_pass(
             source="sacct",
             window=(window_start, window_end),
             started_at=started_at,
+            measure_storage=measure_storage,
         )
         session.execute(
             update(BillingState)

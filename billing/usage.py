@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from billing.budgets import balance
-from billing.invoice import invoice_total_cents
+from billing.invoice import gib_hours_text, invoice_total_cents, storage_lines
 from billing.money import format_cents, format_nanos
 from gpupool.models import LedgerEntry
 
@@ -68,6 +68,8 @@ def usage(session: Session, account: str, period: str, currency: str, now: dt.da
             day_totals[0] += sign * gpus * seconds
             day_totals[1] += sign * gpus * seconds * price
     charges, adjustments, total = invoice_total_cents(connection, account, period)
+    storage = storage_lines(connection, account, period)
+    storage_byte_seconds = sum(line.byte_seconds for line in storage)
     return {
         "account": account,
         "period": period,
@@ -85,4 +87,9 @@ def usage(session: Session, account: str, period: str, currency: str, now: dt.da
             for day, values in sorted(by_day.items())
         ],
         "balance": balance(session, account, now).as_json(),
+        "storage_billed": {
+            "byte_seconds": storage_byte_seconds,
+            "gib_hours": gib_hours_text(storage_byte_seconds),
+            "amount": format_nanos(sum(line.amount_nanos for line in storage)),
+        },
     }

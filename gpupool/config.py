@@ -194,6 +194,9 @@ class Settings:
     storage_agent_python: str = "/usr/bin/python3"
     # The most one storage operation (an open, a listing, a recursive delete) may take in the helper.
     storage_op_timeout_s: float = 30.0
+    # How often a billing pass measures each account's storage (billing.storage): the first pass this
+    # long after an account's last sample takes the next one, however often passes run.
+    storage_meter_interval_s: int = 3600
     container_runtime: str = "none"
     container_allowlist: tuple[str, ...] = ()
     container_mounts: tuple[str, ...] = ()
@@ -272,6 +275,8 @@ class Settings:
             raise ConfigError(f"sessions_url must be http(s)://<domain>[:port] with no path, not {self.sessions_url!r}")
         if self.refresh_interval_s <= 0:
             raise ConfigError("refresh_interval_s must be positive")
+        if self.storage_meter_interval_s <= 0:
+            raise ConfigError("storage_meter_interval_s must be positive")
         if self.ratelimit_storage_timeout_s <= 0:
             raise ConfigError("ratelimit_storage_timeout_s must be positive")
         if self.webhook_timeout_s <= 0:

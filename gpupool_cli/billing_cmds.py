@@ -20,6 +20,7 @@ from billing.money import MoneyError, format_nanos, parse_nanos
 from billing.price_book import ANY_GPU_TYPE, NORMAL_TIER, SPOT_TIER
 from billing.prices import price_table, set_price
 from billing.sacct import XDMOD_FIELDS
+from billing.storage import STORAGE_PRICE, set_storage_price, storage_price_table
 from gpupool import audit, db
 from gpupool.clock import utc_text
 from gpupool.config import Settings
@@ -77,7 +78,8 @@ def _describe(report: passes.PassReport) -> str:
     return (
         f"pass {report.pass_id}: {report.sacct_rows} sacct rows, {report.runs} GPU runs, "
         f"{report.ledger_rows} ledger rows, {report.gpu_seconds} GPU-seconds, "
-        f"{format_nanos(report.amount_nanos)} billed, {report.credits} credits; raw output {report.archive_path}"
+        f"{format_nanos(report.amount_nanos)} billed, {report.credits} credits, "
+        f"{report.storage_charges} storage charges ({format_nanos(report.storage_amount_nanos)}); raw output {report.archive_path}"
     )
 
 
@@ -185,16 +187,21 @@ def cmd_billing_replay(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_price_set(settings: Settings, args: argparse.Namespace) -> int:
     sessions = db.migrated_sessions(settings.database_url)
     effective = args.effective_from or db.utcnow().replace(microsecond=0)
+    storage = args.gpu_type == STORAGE_PRICE
+    if storage and args.tier != NORMAL_TIER:
+        print("gpupool: error: storage has one price, without tiers", file=sys.stderr)
+        return 2
     with sessions() as session, session.begin():
-        set_price(session, args.gpu_type, args.price, effective, args.tier)
+        if storage:
+            set_storage_price(session, args.price, effective)
+        else:
+            set_price(session, args.gpu_type, args.price, effective, args.tier)
         audit.record(
             session, audit.operator_actor(), audit.PRICE_SET, account=None, target=args.gpu_type, now=db.utcnow(),
             details={"price": format_nanos(args.price), "tier": args.tier, "from": utc_text(effective)},
         )
-    print(
-        f"{args.gpu_type} ({args.tier}): {format_nanos(args.price)} {settings.currency} per GPU-second "
-        f"from {utc_text(effective)}"
-    )
+    unit = "per GiB-month (a GiB kept 30 days)" if storage else "per GPU-second"
+    print(f"{args.gpu_type} ({args.tier}): {format_nanos(args.price)} {settings.currency} {unit} from {utc_text(effective)}")
     return 0
 
 
@@ -203,6 +210,8 @@ def cmd_price_list(settings: Settings, _args: argparse.Namespace) -> int:
     with sessions() as session:
         for gpu_type, start, price, tier in price_table(session):
             print(f"{gpu_type}\t{start}\t{price}\t{tier}")
+        for start, price in storage_price_table(session):
+            print(f"{STORAGE_PRICE}\t{start}\t{price}\tper-GiB-month")
     return 0
 
 
@@ -349,10 +358,12 @@ def add_billing_parsers(sub: argparse._SubParsersAction, account_sub: argparse._
     replay.add_argument("--cluster", help="cluster name, for output without a Cluster column")
     replay.set_defaults(handler=cmd_billing_replay)
 
-    price = sub.add_parser("price", help="GPU prices").add_subparsers(dest="price_command", required=True)
-    price_set = price.add_parser("set", help="price per GPU-second of a GPU type, from a date on")
-    price_set.add_argument("gpu_type", type=_gpu_type, help="e.g. rtx4090, or * for every type without a price")
-    price_set.add_argument("price", type=_money, help="per GPU-second, e.g. 0.00012")
+    price = sub.add_parser("price", help="GPU and storage prices").add_subparsers(dest="price_command", required=True)
+    price_set = price.add_parser("set", help="price per GPU-second of a GPU type, or per GiB-month of storage, from a date on")
+    price_set.add_argument(
+        "gpu_type", type=_gpu_type, help=f"e.g. rtx4090, * for every type without a price, or {STORAGE_PRICE} for account storage"
+    )
+    price_set.add_argument("price", type=_money, help="per GPU-second, e.g. 0.00012; for storage per GiB-month, e.g. 0.07")
     price_set.add_argument("--from", dest="effective_from", type=parse_utc, help="effective from (default: now)")
     price_set.add_argument(
         "--tier",

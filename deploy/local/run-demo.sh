@@ -112,6 +112,7 @@ fi
 token=$("${as_service[@]}" "$venv/bin/gpupool" token create --user demo-user --account demo --ttl 86400)
 if [ -z "$("${as_service[@]}" "$venv/bin/gpupool" price list)" ]; then
   "${as_service[@]}" "$venv/bin/gpupool" price set '*' 0.00012 --from 2020-01-01   # every GPU type, per GPU-second
+  "${as_service[@]}" "$venv/bin/gpupool" price set storage 0.07 --from 2020-01-01  # account storage, per GiB-month
 fi
 # The sessions' nginx, as the service user on a loopback port, with the playbook role's
 # config; and the idle stop, which cancels idle sessions as their tenant.

@@ -63,6 +63,12 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # only the trigger of migration 0025 writes it. Billing reads it to push each member's
     # Slurm budget (what is left of their monthly limit) after its pass.
     "member_spend": {API: READ, BILLING: READ},
+    # Account storage, billed per GiB-month: the price is the operator's; each billing pass records
+    # the bytes it saw and charges the intervals since (append-only, as the ledger; a trigger of
+    # migration 0029 adds each charge to account_spend). The API reads them for /usage and invoices.
+    "storage_prices": {API: READ, BILLING: READ},
+    "storage_samples": {API: READ, BILLING: APPEND},
+    "storage_charges": {API: READ, BILLING: APPEND},
     # A pass inserts its record first and fills in the totals before it commits.
     "billing_passes": {API: NONE, BILLING: READ_WRITE},
     # Updating the single row is billing's lock.

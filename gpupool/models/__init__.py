@@ -5,7 +5,18 @@ from gpupool.models.accounts import ACCOUNT_NAME, Account
 from gpupool.models.alerts import AlertSent, AlertSettings, EmailOutbox
 from gpupool.models.api_keys import ApiKey
 from gpupool.models.audit import AuditEvent
-from gpupool.models.billing import AccountSpend, Adjustment, BillingPass, BillingState, LedgerEntry, MemberSpend, Price
+from gpupool.models.billing import (
+    AccountSpend,
+    Adjustment,
+    BillingPass,
+    BillingState,
+    LedgerEntry,
+    MemberSpend,
+    Price,
+    StorageCharge,
+    StoragePrice,
+    StorageSample,
+)
 from gpupool.models.gpu_usage import GpuSample, IdleGpuHour, IdlePolicy
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.members import MEMBER_ROLES, AccountMember, MemberIdentity
@@ -43,6 +54,9 @@ __all__ = [
     "MemberSpend",
     "NodeCost",
     "Price",
+    "StorageCharge",
+    "StoragePrice",
+    "StorageSample",
     "SessionGrant",
     "SlurmSync",
     "WebSession",

@@ -167,3 +167,46 @@ class MemberSpend(Base):
     subject: Mapped[str] = mapped_column(String(255), primary_key=True)
     period: Mapped[str] = mapped_column(String(7), primary_key=True)  # YYYY-MM, UTC
     ledger_nanos: Mapped[int] = mapped_column(BigInteger)
+
+
+class StoragePrice(Base):
+    """The price of a GiB of account storage kept for a month (30 days), from ``effective_from`` on."""
+
+    __tablename__ = "storage_prices"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    effective_from: Mapped[dt.datetime] = mapped_column(UTCDateTime, unique=True)
+    nanos_per_gib_month: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class StorageSample(Base):
+    """Bytes an account's storage held when a billing pass looked (its filesystem's own count)."""
+
+    __tablename__ = "storage_samples"
+
+    account: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sampled_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, primary_key=True)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+class StorageCharge(Base):
+    """Storage kept over one interval (within one UTC hour): the bytes of the sample that began it,
+    for the interval's seconds, at the price in effect at its start. Never updated or deleted."""
+
+    __tablename__ = "storage_charges"
+    __table_args__ = (
+        UniqueConstraint("account", "interval_from", name="uq_storage_charge_interval"),
+        Index("ix_storage_charges_invoice", "account", "period", "nanos_per_gib_month"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    pass_id: Mapped[int] = mapped_column(ForeignKey("billing_passes.id"))
+    account: Mapped[str] = mapped_column(String(64))
+    period: Mapped[str] = mapped_column(String(7))  # YYYY-MM, UTC
+    interval_from: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    interval_to: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger)
+    byte_seconds: Mapped[int] = mapped_column(BigInteger)
+    nanos_per_gib_month: Mapped[int] = mapped_column(BigInteger)
+    amount_nanos: Mapped[int] = mapped_column(BigInteger)

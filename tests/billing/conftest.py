@@ -27,6 +27,7 @@ from gpupool.models import (
     LedgerEntry,
     MemberIdentity,
     MemberSpend,
+    StorageCharge,
 )
 from tests.conftest import JWT_SECRET, REPO, base_settings, create_database, drop_database
 
@@ -102,10 +103,11 @@ def spend_sums(engine: Engine) -> dict[tuple[str, str], tuple[int, int]]:
     """The same, summed from every ledger row and adjustment: what the totals must equal."""
     sums: dict[tuple[str, str], list[int]] = {}
     with engine.connect() as connection:
-        for index, model in enumerate((LedgerEntry, Adjustment)):
+        # Storage charges add to the ledger's total, as GPU rows do (migration 0029).
+        for index, model in ((0, LedgerEntry), (0, StorageCharge), (1, Adjustment)):
             query = select(model.account, model.period, func.sum(model.amount_nanos)).group_by(model.account, model.period)
             for account, period, nanos in connection.execute(query):
-                sums.setdefault((account, period), [0, 0])[index] = int(nanos)
+                sums.setdefault((account, period), [0, 0])[index] += int(nanos)
     return {key: (ledger, adjusted) for key, (ledger, adjusted) in sums.items()}
 
 

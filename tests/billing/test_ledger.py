@@ -113,7 +113,7 @@ def test_invoice_csv_lines_adjustments_and_exact_total(ledger_db: LedgerDb, tmp_
     lines = list(csv.reader(io.StringIO(raw.decode(), newline="")))
     assert lines[0] == [
         "line_type", "gpupool_job_id", "slurm_job_id", "job_name", "gpu_type", "gpus", "start", "end",
-        "billed_seconds", "gpu_seconds", "unit_price", "amount", "currency", "tier", "end_reason",
+        "billed_seconds", "gpu_seconds", "unit_price", "amount", "currency", "tier", "end_reason", "gib_hours",
     ]
     assert [line[2:4] + line[9:12] for line in lines[1:4]] == [
         ["5", 'say "hi", then|pipe', "41", "0.00012", "0.00"],
