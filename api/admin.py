@@ -43,6 +43,6 @@ def get_report() -> Response:
     )
     app = app_state()
     report = build_report(db_session(), app.slurm, app.settings, since, until, now)
-    response = jsonify(report.as_json())
+    response = jsonify(report.model_dump(mode="json"))
     response.headers["Cache-Control"] = "private, no-store"
     return response

@@ -30,11 +30,11 @@ Modules, each importing only those above it:
 - ``payback``: node costs, electricity and revenue per node;
 - ``alerts``, ``idle``: spend alerts sent; idle GPU-seconds (``idle_figures``, pure);
 - ``schema``: the pydantic models of the JSON (``GET /admin/report``, its OpenAPI schema);
-- ``build``: ``build_report`` and ``Report``;
+- ``build``: ``build_report``, which answers a ``ReportOut``;
 - ``output``: the terminal table and the CSV.
 """
 
-from billing.report.build import Report, build_report
+from billing.report.build import build_report
 from billing.report.idle import idle_figures
 from billing.report.intervals import gpu_hours, overlap_s, percentile, union_s
 from billing.report.output import cents_text, report_csv, report_table
@@ -48,13 +48,14 @@ from billing.report.payback import (
 )
 from billing.report.queue_wait import queue_waits
 from billing.report.revenue import sum_ledger_rows
+from billing.report.schema import ReportOut
 from billing.report.utilization import utilization_cells
 from billing.report.window import parse_window
 
 __all__ = [
     "AVERAGE_MONTH_S",
     "NodePayback",
-    "Report",
+    "ReportOut",
     "attribute_to_nodes",
     "build_report",
     "cents_text",

@@ -1,4 +1,4 @@
-"""The report's JSON (``Report.as_json``, ``GET /admin/report``) as pydantic models.
+"""The report (``build_report``'s answer; ``GET /admin/report`` is its JSON) as pydantic models.
 
 They live with the report, not in ``api/``, since billing never imports the API;
 ``api/openapi.py`` generates the report's schema from ``ReportOut``. Unknown keys
@@ -11,9 +11,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+
+from gpupool.clock import utc_text
 
 Amount = Annotated[str, Field(description="Exact, in the currency (nano-unit precision); round to the cent to display")]
+# An instant as every report and invoice writes one (gpupool.clock.utc_text): UTC, to the second, ending in Z.
+Instant = Annotated[dt.datetime, PlainSerializer(utc_text, return_type=str, when_used="json")]
 
 
 class _Model(BaseModel):
@@ -55,7 +59,7 @@ class ReportAdjustment(_Model):
     kind: str
     reason: str
     amount: Amount
-    created_at: dt.datetime
+    created_at: Instant
 
 
 class ReportAdjustments(_Model):
@@ -121,7 +125,7 @@ class ReportWaiting(_Model):
     gpus: int
     gpu_type: str | None
     reason: str
-    submitted_at: dt.datetime | None
+    submitted_at: Instant | None
     waiting_s: int | None
 
 
@@ -141,7 +145,7 @@ class ReportPaybackFigures(_Model):
 
 class ReportNodePayback(ReportPaybackFigures):
     node: str
-    in_service_since: dt.datetime
+    in_service_since: Instant
     watts: int
 
 
@@ -159,7 +163,7 @@ class ReportAlertsSent(_Model):
     kind: str = Field(description="credit (of the prepaid credit) or limit (of the monthly limit)")
     threshold: int = Field(description="Percent of the credit or limit used")
     sent: int = Field(description="How many such alerts the window's billing passes sent (one per period at most)")
-    last_sent_at: dt.datetime
+    last_sent_at: Instant
 
 
 class _IdleLine(_Model):
@@ -192,10 +196,10 @@ class ReportOut(_Model):
     ``measured_until`` is min(until, now): nothing after it is counted.
     """
 
-    since: dt.datetime
-    until: dt.datetime
-    measured_until: dt.datetime
-    generated_at: dt.datetime
+    since: Instant
+    until: Instant
+    measured_until: Instant
+    generated_at: Instant
     currency: str
     revenue: ReportRevenue
     revenue_by_account: list[ReportRevenueByAccount]

@@ -151,8 +151,8 @@ def test_utilization_agrees_with_sreport_over_rolled_up_hours(pg_ledger: LedgerD
         assert rolled.allocated + rolled.down + rolled.planned_down + rolled.idle + rolled.planned == rolled.reported
         with pg_ledger.sessions() as session:
             report = build_report(session, slurm, pg_ledger.settings, start, end, now)
-        assert report.utilization["allocated_gpu_seconds"] == rolled.allocated, (start, rolled)
-        assert report.utilization["available_gpu_seconds"] == rolled.reported - rolled.down - rolled.planned_down, (start, rolled)
+        assert report.utilization.allocated_gpu_seconds == rolled.allocated, (start, rolled)
+        assert report.utilization.available_gpu_seconds == rolled.reported - rolled.down - rolled.planned_down, (start, rolled)
         compared += 1
     if compared == 0:
         pytest.skip(f"slurmdbd has rolled up no whole hour with GPUs before {this_hour:%H:%M} UTC yet (fresh cluster); compared nothing")
