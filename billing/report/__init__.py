@@ -18,8 +18,11 @@ Where each figure comes from:
   ``electricity_price_per_kwh`` setting, against the revenue of the runs each
   node ran (a ledger run is found in sacct by job id and start).
 
-Money stays in nano-units throughout; rounding to the cent happens only when a
-figure is displayed (table and CSV), half away from zero, as on invoices.
+Money billed (revenue in total, by account, GPU type and tier; adjustments; net)
+is what the invoices say: each invoice line rounded to the cent, then summed
+(``billing.money.invoiced_cents``), so a month's report and its invoices agree to
+the cent. What no invoice line is (revenue by day, payback) stays exact in
+nano-units and is rounded only when displayed (table and CSV), half away from zero.
 
 Modules, each importing only those above it:
 - ``window``: ``parse_window`` (a UTC month or a range) and how times print;

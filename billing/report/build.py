@@ -7,7 +7,7 @@ import datetime as dt
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.money import format_nanos, parse_nanos
+from billing.money import format_cents, format_nanos, parse_nanos
 from billing.report.alerts import alerts_sent
 from billing.report.idle import idle_figures, idle_rows
 from billing.report.intervals import gpu_hours
@@ -47,7 +47,7 @@ def build_report(
     adjustments = window_adjustments(session, since, until)
     alerts = alerts_sent(session, since, until)
     idle = idle_figures(idle_rows(session, since, until), ledger.total.gpu_seconds)
-    adjustment_nanos = adjustments.pop("_nanos")
+    adjustment_cents = adjustments.pop("_cents")
 
     cells = utilization_cells(nodes, allocations, events, since, end)
     node_names = sorted({node for node, _type in cells})
@@ -87,13 +87,13 @@ def build_report(
         "currency": settings.currency,
         "revenue": {
             "gpu_seconds": ledger.total.gpu_seconds,
-            "amount": format_nanos(ledger.total.nanos),
-            "adjustments": format_nanos(adjustment_nanos),
-            "net": format_nanos(ledger.total.nanos + adjustment_nanos),
+            "amount": format_cents(ledger.total.cents),
+            "adjustments": format_cents(adjustment_cents),
+            "net": format_cents(ledger.total.cents + adjustment_cents),
         },
-        "revenue_by_account": [{"account": name, **sums.as_json()} for name, sums in sorted(ledger.by_account.items())],
-        "revenue_by_gpu_type": [{"gpu_type": name, **sums.as_json()} for name, sums in sorted(ledger.by_gpu_type.items())],
-        "revenue_by_tier": [{"tier": name, **sums.as_json()} for name, sums in sorted(ledger.by_tier.items())],
+        "revenue_by_account": [{"account": name, **sums.as_invoiced_json()} for name, sums in sorted(ledger.by_account.items())],
+        "revenue_by_gpu_type": [{"gpu_type": name, **sums.as_invoiced_json()} for name, sums in sorted(ledger.by_gpu_type.items())],
+        "revenue_by_tier": [{"tier": name, **sums.as_invoiced_json()} for name, sums in sorted(ledger.by_tier.items())],
         "revenue_by_day": [
             {
                 "date": day.isoformat(),

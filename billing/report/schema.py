@@ -16,6 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from gpupool.clock import utc_text
 
 Amount = Annotated[str, Field(description="Exact, in the currency (nano-unit precision); round to the cent to display")]
+InvoicedAmount = Annotated[
+    str,
+    Field(description="What the invoices say: each invoice line's amount (its part in the window) rounded to the cent, "
+          "half away from zero, then summed"),
+]
 # An instant as every report and invoice writes one (gpupool.clock.utc_text): UTC, to the second, ending in Z.
 Instant = Annotated[dt.datetime, PlainSerializer(utc_text, return_type=str, when_used="json")]
 
@@ -26,9 +31,9 @@ class _Model(BaseModel):
 
 class ReportRevenue(_Model):
     gpu_seconds: int
-    amount: Amount
-    adjustments: Amount
-    net: Amount
+    amount: InvoicedAmount
+    adjustments: InvoicedAmount
+    net: InvoicedAmount
 
 
 class _Sums(_Model):
@@ -36,15 +41,20 @@ class _Sums(_Model):
     amount: Amount
 
 
-class ReportRevenueByAccount(_Sums):
+class _Invoiced(_Model):
+    gpu_seconds: int
+    amount: InvoicedAmount
+
+
+class ReportRevenueByAccount(_Invoiced):
     account: str
 
 
-class ReportRevenueByGpuType(_Sums):
+class ReportRevenueByGpuType(_Invoiced):
     gpu_type: str
 
 
-class ReportRevenueByTier(_Sums):
+class ReportRevenueByTier(_Invoiced):
     tier: str = Field(description="The price tier each ledger row was priced at: normal (full price) or spot")
 
 
@@ -58,16 +68,16 @@ class ReportAdjustment(_Model):
     period: str
     kind: str
     reason: str
-    amount: Amount
+    amount: InvoicedAmount
     created_at: Instant
 
 
 class ReportAdjustments(_Model):
     """Credits (negative) and charges, apart from revenue."""
 
-    credits: Amount
-    charges: Amount
-    total: Amount
+    credits: InvoicedAmount
+    charges: InvoicedAmount
+    total: InvoicedAmount
     lines: list[ReportAdjustment]
 
 

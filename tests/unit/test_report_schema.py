@@ -2,7 +2,8 @@
 database, no cluster): its JSON, table and CSV against goldens written before billing/report.py was
 carved into a package, and its JSON against the pydantic models the OpenAPI schema is generated from.
 
-Goldens live in tests/unit/golden_report/; ``GPUPOOL_UPDATE_GOLDEN=1`` rewrites them.
+The goldens' money billed (revenue, adjustments, net) changed once since, on purpose: it is the
+invoices' own figure, each line rounded to the cent (issue 35). Goldens live in tests/unit/golden_report/; ``GPUPOOL_UPDATE_GOLDEN=1`` rewrites them.
 """
 
 from __future__ import annotations
