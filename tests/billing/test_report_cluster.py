@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bench.support.tenancy import sbatch_as_tenant
 from billing.money import format_nanos, round_to_cents
 from billing.report import build_report, energy_nanos, gpu_hours, overlap_s
 from gpupool.slurm.client import SlurmClient
@@ -17,7 +18,6 @@ from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time
 from gpupool.slurm.report import parse_sreport_utilization
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.conftest import slurm_cmd, throwaway_slurm_account, wait_for
-from tests.support.tenancy import sbatch_as_tenant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NODE_PRICE, NODE_WATTS, KWH_PRICE = "2400", 1800, "0.15"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from sqlalchemy import update
 
+from bench.support.tenancy import runas_helper
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.slurm.tenants import lookup_tenant
 from gpupool.storage.volumes import ensure_volume, remove_volume
-from tests.support.tenancy import runas_helper
 
 
 @contextmanager
