@@ -124,13 +124,13 @@ bench: venv-test services cluster
 	command -v wrk >/dev/null || $(SUDO) apt-get install -y -qq wrk
 	test -x /usr/sbin/slurmrestd || $(SUDO) apt-get install -y -qq slurmrestd
 	$(VENV)/bin/pip install -q -e '.[bench]'
-	$(VENV)/bin/python bench/submit.py --profile
-	$(VENV)/bin/python bench/scale.py
-	$(VENV)/bin/python bench/runas.py
-	$(VENV)/bin/python bench/poll.py
-	$(VENV)/bin/python bench/billing.py
-	$(VENV)/bin/python bench/invoice.py
-	$(VENV)/bin/python bench/budget.py
+	$(VENV)/bin/python -m bench.submit --profile
+	$(VENV)/bin/python -m bench.scale
+	$(VENV)/bin/python -m bench.runas
+	$(VENV)/bin/python -m bench.poll
+	$(VENV)/bin/python -m bench.billing
+	$(VENV)/bin/python -m bench.invoice
+	$(VENV)/bin/python -m bench.budget
 
 clean:
 	rm -rf var build *.egg-info

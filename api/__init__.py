@@ -17,7 +17,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from api.admin import admin_bp
 from api.alerts import alerts_bp
 from api.audit import audit_bp
-from api.auth import authenticate, rate_limit_key
+from api.auth import PAGE_BLUEPRINTS, PROXY_BLUEPRINTS, PUBLIC_PAGE_ENDPOINTS, authenticate, rate_limit_key
 from api.billing import billing_bp
 from api.caches import ExpiringCache, TimedCache
 from api.context import AppState, close_db_session
@@ -30,6 +30,7 @@ from api.members import members_bp
 from api.meta import meta_bp, templates_bp
 from api.metrics import metrics_bp, register_metrics
 from api.query import refuse_repeated_parameters
+from api.routing import require_every_route_declared
 from api.sessions import session_proxy_bp, sessions_bp
 from api.web import register_pages
 from api.webhooks import webhooks_bp
@@ -66,7 +67,8 @@ def create_app(
         ensure_migrated(engine)
         session_factory = make_session_factory(engine)
 
-    app = Flask("gpupool")
+    # No app-wide static folder: the pages serve their own (api.web), and every route is declared (api.routing).
+    app = Flask("gpupool", static_folder=None)
     if settings.proxy_hops > 0:
         # Per-address rate limits need the client's address, not nginx's 127.0.0.1.
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=settings.proxy_hops, x_proto=settings.proxy_hops)  # type: ignore[method-assign]
@@ -138,6 +140,10 @@ def create_app(
     ):
         app.register_blueprint(blueprint)
     register_pages(app, settings, limiter)
+    # Every API route carries its roles and its document (api.routing); the pages and the proxy's answer to their own checks.
+    require_every_route_declared(
+        app, exempt_blueprints=PAGE_BLUEPRINTS | PROXY_BLUEPRINTS, exempt_endpoints=PUBLIC_PAGE_ENDPOINTS
+    )
     return app
 
 

@@ -6,8 +6,12 @@ from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import NotFound as UnknownUrl
 
 from api.context import app_state, calendar_now, db_session, principal
+from api.routing import Reply, operation
+from billing.calendar import PERIOD
 from billing.report import build_report, parse_window
+from billing.report.schema import ReportOut
 from gpupool.errors import NotFound
+from gpupool.members import ALL_ROLES
 
 admin_bp = Blueprint("admin", __name__)
 
@@ -19,7 +23,18 @@ def _admins_only() -> None:
         raise NotFound(UnknownUrl.description or "Not Found")
 
 
-@admin_bp.get("/admin/report")
+@operation(
+    admin_bp, "GET", "/admin/report",
+    roles=ALL_ROLES,  # operators only, checked by _admins_only
+    summary="Admin tokens only (404 to anyone else): revenue, utilization, queue wait and payback",
+    parameters=[
+        {"name": "period", "in": "query", "schema": {"type": "string", "pattern": PERIOD.pattern}, "description": "A UTC month (default: this month)"},
+        {"name": "since", "in": "query", "schema": {"type": "string", "format": "date-time"}, "description": "Range start, instead of period (no zone: UTC)"},
+        {"name": "until", "in": "query", "schema": {"type": "string", "format": "date-time"}, "description": "Range end (default: now); at most 400 days after since"},
+    ],
+    replies={"200": Reply("The report", ReportOut)},
+    errors=(400, 404),
+)
 def get_report() -> Response:
     """The operator report for ``?period=YYYY-MM`` (default: this month) or ``?since=&until=``."""
     now = calendar_now().replace(microsecond=0)
@@ -28,6 +43,6 @@ def get_report() -> Response:
     )
     app = app_state()
     report = build_report(db_session(), app.slurm, app.settings, since, until, now)
-    response = jsonify(report.as_json())
+    response = jsonify(report.model_dump(mode="json"))
     response.headers["Cache-Control"] = "private, no-store"
     return response

@@ -15,10 +15,12 @@ from flask import Blueprint, Response, jsonify, request
 from api.billing import visible_account
 from api.context import db_session, principal
 from api.query import int_arg, optional_int_arg
+from api.routing import ACCOUNT_PARAM, Reply, operation
 from api.schemas import AuditList, AuditOut
 from gpupool import audit as audit_log
 from gpupool.clock import utc_text
 from gpupool.db import utcnow
+from gpupool.members import ADMINS
 
 # Audit rows are numbered by a BIGINT sequence: the largest `before` that can name one.
 MAX_EVENT_ID = 2**63 - 1
@@ -43,7 +45,18 @@ def audit(action: str, *, account: str, target: str | None = None, details: dict
     audit_log.record(db_session(), request_actor(), action, account=account, target=target, details=details, now=utcnow())
 
 
-@audit_bp.get("/account/audit")
+@operation(
+    audit_bp, "GET", "/account/audit",
+    roles=ADMINS,  # who did what in the account, from where: its admins
+    summary="The account's audit log, newest first (account admins)",
+    parameters=[
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": audit_log.MAX_PAGE, "default": 100}},
+        {"name": "before", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_EVENT_ID}, "description": "next_before of the previous page"},
+        ACCOUNT_PARAM,
+    ],
+    replies={"200": Reply("Events", AuditList)},
+    errors=(400, 403, 404),
+)
 def list_audit() -> Response:
     account = visible_account()
     limit = int_arg("limit", DEFAULT_PAGE, 1, audit_log.MAX_PAGE)

@@ -9,6 +9,7 @@ from flask_limiter import RequestLimit
 from werkzeug.exceptions import TooManyRequests
 
 from api.context import app_state, db_session
+from api.routing import Public, access_of
 from gpupool.api_keys import TEMPLATE_ENDPOINTS, is_api_key, principal_for_key, require_scope
 from gpupool.db import utcnow
 from gpupool.errors import Forbidden, Unauthorized
@@ -23,12 +24,10 @@ from gpupool.tokens import (
 )
 from gpupool.web_sessions import read_web_session
 
-# /metrics is guarded by the caller's address instead (api.metrics).
+# The API's routes that take no token are declared so (api.routing.PUBLIC): health, the
+# document, and /metrics, which is guarded by the caller's address instead (api.metrics).
 # "/" redirects to the pages; their stylesheet and scripts hold nothing private.
-PUBLIC_ENDPOINTS = frozenset(
-    {"meta.healthz", "meta.readyz", "meta.openapi", "metrics.metrics", "web_root", "web.static",
-     "docs.reference", "docs.init_script", "docs.asset"}
-)
+PUBLIC_PAGE_ENDPOINTS = frozenset({"web_root", "web.static"})
 # The web pages (api.web) authenticate with their session cookie, never a header; the
 # cookie holds only a server-side session's id (gpupool.web_sessions), never the token.
 PAGE_BLUEPRINTS = frozenset({"web", "web_data"})
@@ -38,14 +37,17 @@ PROXY_BLUEPRINTS = frozenset({"session_proxy"})
 
 
 def authenticate() -> None:
-    if request.endpoint in PUBLIC_ENDPOINTS or request.endpoint is None or request.blueprint in PROXY_BLUEPRINTS:
+    if request.endpoint is None or request.endpoint in PUBLIC_PAGE_ENDPOINTS or request.blueprint in PROXY_BLUEPRINTS:
         return
     if request.blueprint in PAGE_BLUEPRINTS:
         # Pages decide themselves what a visitor without a session sees (the sign-in page).
         g.principal = _page_principal()
         return
+    access = access_of(request.endpoint)
+    if isinstance(access, Public):
+        return
     try:
-        _authenticate()
+        _authenticate(access)
     except Unauthorized:
         # The limiter's own check runs after this hook and never sees a refused
         # request: count those here, per address, so guessing tokens is throttled too.
@@ -83,7 +85,7 @@ def count_unauthenticated() -> None:
         raise TooManyRequests(str(limit))
 
 
-def _authenticate() -> None:
+def _authenticate(roles: frozenset[str]) -> None:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -99,7 +101,7 @@ def _authenticate() -> None:
         g.principal = principal_for_token(token)
     caller: Principal = g.principal
     if caller.membership is not None:
-        require_role(caller.membership, request.endpoint, request.method)
+        require_role(caller.membership, roles)
 
 
 def principal_for_token(token: str) -> Principal:

@@ -11,11 +11,14 @@ from collections.abc import Iterator
 from flask import Blueprint, Response, jsonify, request
 
 from api.context import app_state, calendar_now, db_session, principal
-from billing.calendar import check_period, period_of
+from api.routing import ACCOUNT_PARAM, Reply, operation
+from api.schemas import UsageOut
+from billing.calendar import PERIOD, check_period, period_of
 from billing.invoice import invoice_csv_chunks, invoice_filename
 from billing.usage import usage
 from gpupool.config import Settings
 from gpupool.errors import NotFound
+from gpupool.members import ALL_ROLES, READERS_OF_ACCOUNT
 from gpupool.models import Account
 from gpupool.storage.volumes import volume_usage
 
@@ -32,7 +35,13 @@ def visible_account() -> str:
     return wanted
 
 
-@billing_bp.get("/invoices/<period>")
+@operation(
+    billing_bp, "GET", "/invoices/<period>", roles=READERS_OF_ACCOUNT,
+    summary="The account's invoice for a UTC month, as an RFC 4180 CSV attachment",
+    parameters=[{"name": "period", "in": "path", "required": True, "schema": {"type": "string", "pattern": PERIOD.pattern}}, ACCOUNT_PARAM],
+    replies={"200": Reply("Invoice lines, adjustments, total", content={"text/csv": {"schema": {"type": "string"}}})},
+    errors=(400, 404),
+)
 def get_invoice(period: str) -> Response:
     check_period(period)
     account = visible_account()
@@ -57,7 +66,13 @@ def get_invoice(period: str) -> Response:
     )
 
 
-@billing_bp.get("/usage")
+@operation(
+    billing_bp, "GET", "/usage", roles=ALL_ROLES,
+    summary="GPU-seconds and money by GPU type and by day, the balance, and the storage stored and its quota",
+    parameters=[{"name": "period", "in": "query", "schema": {"type": "string", "pattern": PERIOD.pattern}, "description": "Default: this month"}, ACCOUNT_PARAM],
+    replies={"200": Reply("Usage", UsageOut)},
+    errors=(400, 404),
+)
 def get_usage() -> Response:
     now = calendar_now()
     asked = request.args.get("period")

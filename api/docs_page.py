@@ -16,6 +16,8 @@ from pathlib import Path
 import swagger_ui
 from flask import Blueprint, Response, abort, send_from_directory
 
+from api.routing import PUBLIC, Reply, operation, public_asset
+
 docs_bp = Blueprint("docs", __name__)
 
 _STATIC = Path(swagger_ui.__file__).resolve().parent / "static"
@@ -73,17 +75,19 @@ def _secured(response: Response) -> Response:
     return response
 
 
-@docs_bp.get("/docs")
+@operation(
+    docs_bp, "GET", "/docs", roles=PUBLIC, summary="This document, rendered by Swagger UI", replies={"200": Reply("An HTML page")}
+)
 def reference() -> Response:
     return _secured(Response(swagger_index("/openapi.json", "/docs/"), mimetype="text/html"))
 
 
-@docs_bp.get("/docs/gpupool-init.js")
+@public_asset(docs_bp, "/docs/gpupool-init.js")
 def init_script() -> Response:
     return _secured(Response(INIT_SCRIPT, mimetype="text/javascript"))
 
 
-@docs_bp.get("/docs/<name>")
+@public_asset(docs_bp, "/docs/<name>")
 def asset(name: str) -> Response:
     if name not in _ASSETS:
         abort(404)

@@ -39,6 +39,8 @@ from werkzeug.wsgi import FileWrapper
 
 from api.context import app_state, principal
 from api.errors import error_response
+from api.routing import Reply, operation
+from api.schemas import ErrorOut, FileList, FileOut
 from gpupool.clock import utc_text
 from gpupool.errors import (
     BadRequest,
@@ -48,6 +50,7 @@ from gpupool.errors import (
     StorageQuotaExceeded,
     StorageUnavailable,
 )
+from gpupool.members import ALL_ROLES, WRITERS
 from gpupool.storage.client import StorageClient
 from gpupool.storage.paths import StoragePath, parse_path
 from gpupool.storage.sizes import format_size
@@ -76,6 +79,25 @@ UPLOAD_OFFSET = "Upload-Offset"
 CHUNK_BYTES = 1024 * 1024
 DEFAULT_PAGE = 1000
 MAX_PAGE = 10000
+
+# The storage's share of the document (the roles of its members: they read and write it, viewers read).
+_FILE_PATH = {
+    "name": "path", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 4096},
+    "description": "Relative to your storage, names joined by /; a trailing / names a folder. No '..', '.', empty "
+    "names, NUL or control characters, no leading / (400 path_invalid); a name is at most 255 bytes of UTF-8",
+}
+_LISTING_PARAMS = [
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE}},
+    {"name": "cursor", "in": "query", "schema": {"type": "string"}, "description": "next_cursor of the page before"},
+]
+_LISTING = Reply("A page of the folder's entries", FileList)
+_DOWNLOAD_HEADERS = {
+    "ETag": {"schema": {"type": "string"}},
+    "Last-Modified": {"schema": {"type": "string"}},
+    "Accept-Ranges": {"schema": {"const": "bytes"}},
+    UPLOAD_OFFSET: {"description": "HEAD only: bytes an interrupted upload of this path holds (0: none), also on a 404", "schema": {"type": "integer"}},
+}
+_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 # The rest of a refused body is read and dropped up to this, so the client reads the answer instead
 # of a reset; past it the connection is closed (a client then asks HEAD and /usage).
 DRAIN_MAX_BYTES = 64 * 1024 * 1024
@@ -226,8 +248,26 @@ def _download(path: StoragePath, facts: dict[str, Any], fd: int) -> Response:
     return Response(wrapper(_FileRange(fd, start, length), CHUNK_BYTES), status=status, headers=headers, direct_passthrough=True)
 
 
-@files_bp.route("/files/", defaults={"path": ""}, methods=["GET"], merge_slashes=False)
-@files_bp.route("/files/<storage_path:path>", methods=["GET"], merge_slashes=False)
+@operation(
+    files_bp, "GET", "/files/", roles=ALL_ROLES, summary="The top of your storage: a page of its entries",
+    parameters=_LISTING_PARAMS, replies={"200": _LISTING}, errors=(400, 404),
+    defaults={"path": ""}, merge_slashes=False,
+)
+@operation(
+    files_bp, "GET", "/files/<storage_path:path>", roles=ALL_ROLES,
+    summary="Download a file (Range: one range, 206; If-None-Match, If-Modified-Since: 304), or list a folder",
+    description="Served as it is stored, as an attachment (application/octet-stream). A symbolic link is never "
+    "followed: 404, as for a missing name. HEAD answers the same headers and Upload-Offset.",
+    parameters=[_FILE_PATH, *_LISTING_PARAMS, {"name": "Range", "in": "header", "schema": {"type": "string"}}],
+    replies={
+        "200": Reply("The file, or a folder's listing", FileList, content=_BYTES, headers=_DOWNLOAD_HEADERS),
+        "206": Reply("The range asked for (Content-Range)", content=_BYTES, headers=_DOWNLOAD_HEADERS),
+        "304": Reply("Not modified"),
+        "416": Reply("No byte of the range is in the file (Content-Range: bytes */size)", ErrorOut),
+    },
+    errors=(400, 404, 409),
+    merge_slashes=False,
+)
 def get_file(path: str) -> Response:
     storage, account = _storage(), _account()
     where = parse_path(path)
@@ -300,7 +340,24 @@ def _offset_header() -> int | None:
     return int(raw)
 
 
-@files_bp.put("/files/<storage_path:path>", merge_slashes=False)
+@operation(
+    files_bp, "PUT", "/files/<storage_path:path>", roles=WRITERS,
+    summary="Upload a file (streamed; whole or not at all under its name), or make a folder (path ending in /)",
+    description=f"Content-Length is required (411). The body goes to the path's upload in progress and is renamed "
+    f"into place once complete: a reader sees the old file or the whole new one. A body cut off keeps what arrived: "
+    f"HEAD tells how much ({UPLOAD_OFFSET}); PUT the rest with {UPLOAD_OFFSET}: N to complete it (409 "
+    f"upload_offset_mismatch, with `offset`, when N is not what is kept). One upload of a path at a time (409 "
+    f"upload_in_progress). Past the quota: 507 storage_quota_exceeded, and the upload's bytes are removed.",
+    parameters=[
+        _FILE_PATH,
+        {"name": UPLOAD_OFFSET, "in": "header", "schema": {"type": "integer", "minimum": 0},
+         "description": "Continue an interrupted upload: the bytes it holds (HEAD); the body is the rest"},
+    ],
+    request_body={"content": _BYTES},
+    replies={"200": Reply("Replaced", FileOut), "201": Reply("Created", FileOut)},
+    errors=(400, 403, 404, 409, 411, 507),
+    merge_slashes=False,
+)
 def put_file(path: str) -> Response:
     storage, account = _storage(), _account()
     where = parse_path(path)
@@ -363,7 +420,13 @@ def put_file(path: str) -> Response:
     return response
 
 
-@files_bp.delete("/files/<storage_path:path>", merge_slashes=False)
+@operation(
+    files_bp, "DELETE", "/files/<storage_path:path>", roles=WRITERS,
+    summary="Delete a file, a link or an empty folder (recursive=true: any folder), and the path's upload in progress",
+    parameters=[_FILE_PATH, {"name": "recursive", "in": "query", "schema": {"enum": ["true", "false"]}}],
+    replies={"204": Reply("Deleted")}, errors=(400, 403, 404, 409),
+    merge_slashes=False,
+)
 def delete_file(path: str) -> Response:
     storage, account = _storage(), _account()
     where = parse_path(path)
@@ -373,7 +436,17 @@ def delete_file(path: str) -> Response:
     return Response(status=204)
 
 
-@files_bp.post("/files/<storage_path:path>", merge_slashes=False)
+@operation(
+    files_bp, "POST", "/files/<storage_path:path>", roles=WRITERS,
+    summary="Move (rename) a file or folder within your storage",
+    parameters=[
+        _FILE_PATH,
+        {"name": "move_to", "in": "query", "required": True, "schema": {"type": "string"}, "description": "The new path"},
+        {"name": "overwrite", "in": "query", "schema": {"enum": ["true", "false"]}, "description": "Replace a file at move_to (409 already_exists otherwise)"},
+    ],
+    replies={"200": Reply("Moved", FileOut)}, errors=(400, 403, 404, 409),
+    merge_slashes=False,
+)
 def move_file(path: str) -> Response:
     storage, account = _storage(), _account()
     where = parse_path(path)

@@ -17,16 +17,20 @@ from api.audit import audit
 from api.context import app_state, db_session, principal
 from api.metrics import JOBS_SUBMITTED
 from api.query import int_arg
+from api.routing import Reply, operation
 from api.schemas import (
     IDEMPOTENCY_KEY_PATTERN,
     JOB_STATES,
     GpuSeriesOut,
     GpuUsageOut,
+    JobList,
     JobOut,
     QuoteDetail,
     QuoteOut,
+    SubmitOut,
     SubmitRequest,
     TaskCounts,
+    TaskList,
     TaskOut,
     json_object,
     request_body,
@@ -35,6 +39,7 @@ from api.submission import Quote, quote, submit
 from billing.money import format_nanos
 from gpupool import joblogs
 from gpupool.audit import JOB_CANCEL, TASK_CANCEL
+from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import (
     BadRequest,
@@ -44,6 +49,7 @@ from gpupool.errors import (
 )
 from gpupool.gpu_usage.idle import recent_usage
 from gpupool.jobstate import NOT_REPORTED, SUBMISSION_LOST
+from gpupool.members import ALL_ROLES, WRITERS
 from gpupool.models import Account, Job, JobTask
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import log_path
@@ -60,6 +66,29 @@ MAX_TASK_CURSOR = 10**6
 MAX_LOG_LINES = 10_000
 # The largest integer every JSON client holds exactly; far past any log, and pread never overflows.
 MAX_LOG_OFFSET = 2**53 - 1
+
+JOB_ID_PARAM = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
+_TASK_INDEX = {"name": "index", "in": "path", "required": True, "schema": {"type": "integer", "minimum": 0}}
+_TEXT = {"text/plain": {"schema": {"type": "string"}}}
+_LOGS_DESCRIPTION = (
+    "Without offset: the last `tail` lines, at most log_read_max_bytes. With `offset`: the bytes from it, "
+    "at most `limit`, answered at once with what is there (empty at or past the end). Follow a job by "
+    "reading again from Gpupool-Next-Offset until Gpupool-Log-Complete is true. 409 log_unavailable: the "
+    "job put a symbolic link, FIFO or another user's file where its log belongs, and it is not followed."
+)
+_LOG_LIMIT = {
+    "name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_OFFSET},
+    "description": f"With offset: at most this many bytes; a larger limit reads the server's log_read_max_bytes "
+    f"({Settings.log_read_max_bytes // 1024} KiB unless configured), which is also the default",
+}
+_LOG_HEADERS = {
+    "Gpupool-Job-State": {"description": "The job's state, as GET /jobs/{job_id} shows it (PENDING, RUNNING, COMPLETED, ...)", "schema": {"type": "string"}},
+    "Gpupool-Next-Offset": {"description": "Offset reads only: the offset to read from next", "schema": {"type": "integer", "minimum": 0}},
+    "Gpupool-Log-Complete": {
+        "description": "Offset reads only: true when the job has ended and the next offset is the log's size, so nothing more will come",
+        "schema": {"enum": ["true", "false"]},
+    },
+}
 
 
 def _array_view(job: Job) -> TaskCounts | None:
@@ -175,14 +204,41 @@ def _submit_body() -> tuple[dict[str, Any], SubmitRequest]:
     return body, request_body(SubmitRequest, body)
 
 
-@submit_bp.post("/quote")
+@operation(
+    submit_bp, "POST", "/quote", roles=WRITERS,
+    summary="A dry run of POST /submit: its checks, the worst-case cost and Slurm's start estimate; creates nothing",
+    description="Refused as the submit would be (402 when the budget does not cover the worst case, 422...). "
+    "The estimate is `sbatch --test-only` run as the account's tenant; null when Slurm gives none.",
+    request=SubmitRequest, replies={"200": Reply("The quote", QuoteOut)}, errors=(400, 402, 403, 413, 415, 422),
+)
 def quote_job() -> tuple[Response, int]:
     """``POST /submit?dry_run=true`` under its own name."""
     _body, req = _submit_body()
     return jsonify(quote_view(quote(app_state(), db_session(), principal(), req))), 200
 
 
-@submit_bp.post("/submit")
+@operation(
+    submit_bp, "POST", "/submit", roles=WRITERS,
+    summary="Submit a job from a template",
+    description="409 job_limit_reached: the account already has as many jobs pending or running as Slurm lets it "
+    "hold (each array task counts as one); `limit`, `in_use` and `asked` say how many.",
+    parameters=[
+        {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}},
+        {
+            "name": "dry_run", "in": "query", "required": False, "schema": {"enum": ["true", "false"]},
+            "description": "true: the same checks and refusals, but nothing is created; answers 200 with the quote (as POST /quote)",
+        },
+    ],
+    request=SubmitRequest,
+    replies={
+        "200": Reply("dry_run=true: what the job would cost at most, and when Slurm would start it", QuoteOut),
+        "201": Reply(
+            "Submitted (or, with a used Idempotency-Key and the same body, the job it made)", SubmitOut,
+            headers={"Idempotent-Replayed": {"description": "true when this answer replays an earlier submit", "schema": {"enum": ["true"]}}},
+        ),
+    },
+    errors=(400, 402, 403, 409, 413, 415, 422),
+)
 def submit_job() -> tuple[Response, int] | tuple[Response, int, dict[str, str]]:
     if _dry_run_arg():
         return quote_job()
@@ -256,7 +312,10 @@ def _queue_position(session: Session, job: Job) -> int | None:
     return 1 + int(session.scalar(ahead) or 0)
 
 
-@jobs_bp.get("/jobs/<job_id>")
+@operation(
+    jobs_bp, "GET", "/jobs/<job_id>", roles=ALL_ROLES, summary="One job",
+    parameters=[JOB_ID_PARAM], replies={"200": Reply("The job", JobOut)}, errors=(404,),
+)
 def get_job(job_id: str) -> Response:
     job = _visible_job(job_id)
     _refresh_if_unfinished(job)
@@ -278,7 +337,23 @@ def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
     return created_at, job_id
 
 
-@jobs_bp.get("/jobs")
+@operation(
+    jobs_bp, "GET", "/jobs", roles=ALL_ROLES, summary="The caller's jobs, newest first",
+    parameters=[
+        {
+            "name": "state", "in": "query", "style": "form", "explode": False,
+            "schema": {"type": "array", "items": {"enum": list(JOB_STATES)}},
+            "description": "Only jobs in these states (comma-separated, any case)",
+        },
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
+        {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: one account's jobs (default: all)"},
+        {
+            "name": "cursor", "in": "query", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+={0,2}$"},
+            "description": "next_cursor of the page before, as the API gave it (400 for any other)",
+        },
+    ],
+    replies={"200": Reply("A page of jobs", JobList)}, errors=(400, 404),
+)
 def list_jobs() -> Response:
     caller = principal()
     session = db_session()
@@ -357,7 +432,16 @@ def _task(job: Job, index: str) -> JobTask:
     return task
 
 
-@jobs_bp.get("/jobs/<job_id>/tasks")
+@operation(
+    jobs_bp, "GET", "/jobs/<job_id>/tasks", roles=ALL_ROLES,
+    summary="An array job's tasks in index order, each with its state, exit code, GPU-seconds and sweep value",
+    parameters=[
+        JOB_ID_PARAM,
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
+        {"name": "cursor", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_TASK_CURSOR}, "description": "next_cursor of the page before"},
+    ],
+    replies={"200": Reply("A page of tasks", TaskList)}, errors=(400, 404),
+)
 def list_tasks(job_id: str) -> Response:
     """An array job's tasks in index order, paged: ``?limit=`` and ``?cursor=`` (the next index)."""
     job = _array_job(job_id)
@@ -378,14 +462,21 @@ def list_tasks(job_id: str) -> Response:
     )
 
 
-@jobs_bp.get("/jobs/<job_id>/tasks/<index>")
+@operation(
+    jobs_bp, "GET", "/jobs/<job_id>/tasks/<index>", roles=ALL_ROLES, summary="One task of an array job",
+    parameters=[JOB_ID_PARAM, _TASK_INDEX], replies={"200": Reply("The task", TaskOut)}, errors=(404,),
+)
 def get_task(job_id: str, index: str) -> Response:
     job = _array_job(job_id)
     _refresh_if_unfinished(job)
     return jsonify(_task_view(job, _task(job, index), utcnow()))
 
 
-@jobs_bp.delete("/jobs/<job_id>/tasks/<index>")
+@operation(
+    jobs_bp, "DELETE", "/jobs/<job_id>/tasks/<index>", roles=WRITERS,
+    summary="Cancel one task of an array job; its other tasks go on (DELETE /jobs/{job_id} cancels them all)",
+    parameters=[JOB_ID_PARAM, _TASK_INDEX], replies={"202": Reply("Cancel requested", TaskOut)}, errors=(404, 409),
+)
 def cancel_task(job_id: str, index: str) -> tuple[Response, int]:
     """Cancel one task of an array job; its other tasks go on."""
     job = _array_job(job_id)
@@ -406,7 +497,10 @@ def cancel_task(job_id: str, index: str) -> tuple[Response, int]:
     return jsonify(_task_view(job, task, utcnow())), 202
 
 
-@jobs_bp.delete("/jobs/<job_id>")
+@operation(
+    jobs_bp, "DELETE", "/jobs/<job_id>", roles=WRITERS, summary="Cancel a job",
+    parameters=[JOB_ID_PARAM], replies={"202": Reply("Cancel requested", JobOut)}, errors=(404, 409),
+)
 def cancel_job(job_id: str) -> tuple[Response, int]:
     job = _visible_job(job_id)
     _refresh_if_unfinished(job)
@@ -434,7 +528,21 @@ def owner_uid(job: Job) -> int | None:
     return getattr(account, "unix_uid", None)
 
 
-@jobs_bp.get("/jobs/<job_id>/logs")
+@operation(
+    jobs_bp, "GET", "/jobs/<job_id>/logs",
+    roles=WRITERS,  # logs hold what a job printed, which may be its owner's secrets: its owner and the account's admins
+    summary="Tail of the job's output, or its bytes from an offset for a follower",
+    description=_LOGS_DESCRIPTION,
+    parameters=[
+        JOB_ID_PARAM,
+        {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
+        {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}, "description": "The last N lines (default 100); not with offset"},
+        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LOG_OFFSET}, "description": "Return the bytes from this offset (start at 0, then send Gpupool-Next-Offset back); not with tail"},
+        _LOG_LIMIT,
+    ],
+    replies={"200": Reply("Log bytes (UTF-8 text, but an offset read may end inside a character)", content=_TEXT, headers=_LOG_HEADERS)},
+    errors=(400, 404, 409),
+)
 def job_logs(job_id: str) -> Response:
     """The tail of a log (``?tail=``), or the bytes from ``?offset=`` for a follower.
 
@@ -450,7 +558,21 @@ def job_logs(job_id: str) -> Response:
     return _log_response(job, None)
 
 
-@jobs_bp.get("/jobs/<job_id>/tasks/<index>/logs")
+@operation(
+    jobs_bp, "GET", "/jobs/<job_id>/tasks/<index>/logs", roles=WRITERS,
+    summary="One array task's log, read as GET /jobs/{job_id}/logs reads a job's",
+    description=_LOGS_DESCRIPTION,
+    parameters=[
+        JOB_ID_PARAM,
+        _TASK_INDEX,
+        {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
+        {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}},
+        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LOG_OFFSET}},
+        _LOG_LIMIT,
+    ],
+    replies={"200": Reply("Log bytes", content=_TEXT, headers=_LOG_HEADERS)},
+    errors=(400, 404, 409),
+)
 def task_logs(job_id: str, index: str) -> Response:
     """One array task's log, read as a job's is (``?stream=``, ``?tail=``, ``?offset=``, ``?limit=``)."""
     job = _array_job(job_id)

@@ -8,11 +8,13 @@ from flask import Blueprint, Response, g, jsonify
 
 from api.audit import audit
 from api.context import app_state, db_session
+from api.routing import Reply, operation
 from api.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, json_object, request_body
 from gpupool.api_keys import create_key, key_details, list_keys, require_key_manager, revoke_key
 from gpupool.audit import KEY_CREATE, KEY_REVOKE
 from gpupool.clock import utc_text
 from gpupool.db import utcnow
+from gpupool.members import ALL_ROLES, WRITERS
 from gpupool.models.api_keys import ApiKey
 
 keys_bp = Blueprint("keys", __name__)
@@ -29,7 +31,10 @@ def _view(row: ApiKey) -> KeyOut:
     )
 
 
-@keys_bp.post("/keys")
+@operation(
+    keys_bp, "POST", "/keys", roles=WRITERS, summary="Create an API key; its secret is in this answer only",
+    request=KeyCreate, replies={"201": Reply("Created", KeyCreated)}, errors=(400, 403, 415, 422),
+)
 def create() -> tuple[Response, int]:
     # A key that may not make keys hears so whatever it sends.
     require_key_manager(g.principal)
@@ -46,14 +51,21 @@ def create() -> tuple[Response, int]:
     return jsonify(created.model_dump(mode="json")), 201
 
 
-@keys_bp.get("/keys")
+@operation(
+    keys_bp, "GET", "/keys", roles=ALL_ROLES, summary="The account's API keys (without secrets)",
+    replies={"200": Reply("Keys", KeyList)}, errors=(403,),
+)
 def index() -> Response:
     require_key_manager(g.principal)
     listed = KeyList(keys=[_view(row) for row in list_keys(db_session(), g.principal)])
     return jsonify(listed.model_dump(mode="json"))
 
 
-@keys_bp.delete("/keys/<key_id>")
+@operation(
+    keys_bp, "DELETE", "/keys/<key_id>", roles=ALL_ROLES, summary="Revoke a key at once",
+    parameters=[{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+    replies={"204": Reply("Revoked")}, errors=(403, 404),
+)
 def revoke(key_id: str) -> tuple[str, int]:
     require_key_manager(g.principal)
     session = db_session()

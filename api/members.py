@@ -14,6 +14,7 @@ from flask import Blueprint, Response, jsonify
 from api.audit import audit
 from api.billing import visible_account
 from api.context import app_state, calendar_now, db_session, principal
+from api.routing import ACCOUNT_PARAM, Reply, operation
 from api.schemas import MemberIn, MemberList, MemberOut, json_object, request_body
 from billing.budgets import member_spent_nanos
 from billing.calendar import period_of
@@ -22,10 +23,11 @@ from billing.money import format_nanos, parse_nanos
 from gpupool.audit import MEMBER_REMOVE, MEMBER_SET
 from gpupool.db import utcnow
 from gpupool.errors import GpupoolError, RequestError, ServiceUnavailable
-from gpupool.members import gpus_in_flight, identity_of, list_members, remove_member, set_member
+from gpupool.members import ADMINS, gpus_in_flight, identity_of, list_members, remove_member, set_member
 from gpupool.models.members import AccountMember
 
 members_bp = Blueprint("members", __name__)
+_SUBJECT = {"name": "subject", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 255}}
 
 
 def member_view(row: AccountMember) -> MemberOut:
@@ -53,14 +55,23 @@ def member_details(row: AccountMember) -> dict[str, Any]:
     }
 
 
-@members_bp.get("/account/members")
+@operation(
+    members_bp, "GET", "/account/members", roles=ADMINS,
+    summary="The account's members, their roles, limits and this month's spend (admins)",
+    parameters=[ACCOUNT_PARAM], replies={"200": Reply("Members", MemberList)}, errors=(403, 404),
+)
 def list_account_members() -> Response:
     account = visible_account()
     rows = list_members(db_session(), account)
     return jsonify(MemberList(members=[member_view(row) for row in rows]).model_dump(mode="json"))
 
 
-@members_bp.put("/account/members/<subject>")
+@operation(
+    members_bp, "PUT", "/account/members/<subject>", roles=ADMINS,
+    summary="Add a member or set every setting of one; the first member added enrolls the calling admin",
+    parameters=[_SUBJECT, ACCOUNT_PARAM], request=MemberIn,
+    replies={"200": Reply("The member", MemberOut)}, errors=(400, 403, 404, 409, 415, 422),
+)
 def put_member(subject: str) -> Response:
     account = visible_account()
     wanted = request_body(MemberIn, json_object())
@@ -80,7 +91,11 @@ def put_member(subject: str) -> Response:
     return jsonify(member_view(row).model_dump(mode="json"))
 
 
-@members_bp.delete("/account/members/<subject>")
+@operation(
+    members_bp, "DELETE", "/account/members/<subject>", roles=ADMINS,
+    summary="Take a subject out of the account; its tokens and keys are refused from then on",
+    parameters=[_SUBJECT, ACCOUNT_PARAM], replies={"204": Reply("Removed")}, errors=(403, 404, 409),
+)
 def delete_member(subject: str) -> tuple[str, int]:
     account = visible_account()
     session = db_session()

@@ -8,19 +8,23 @@ from sqlalchemy import text
 from api.context import app_state
 from api.errors import error_response
 from api.openapi import openapi_document
-from api.schemas import TemplateOut
+from api.routing import PUBLIC, Reply, operation
+from api.schemas import TemplateList, TemplateOut
 from gpupool.errors import ServiceUnavailable
+from gpupool.members import ALL_ROLES
 
 meta_bp = Blueprint("meta", __name__)
 templates_bp = Blueprint("templates", __name__)
 
 
-@meta_bp.get("/healthz")
+@operation(meta_bp, "GET", "/healthz", roles=PUBLIC, summary="The process is up", replies={"200": Reply("Up")})
 def healthz() -> Response:
     return jsonify({"status": "ok"})
 
 
-@meta_bp.get("/readyz")
+@operation(
+    meta_bp, "GET", "/readyz", roles=PUBLIC, summary="Slurm and the database answer", replies={"200": Reply("Ready")}, errors=(503,)
+)
 def readyz() -> Response:
     app = app_state()
     checks: dict[str, str] = {}
@@ -41,12 +45,15 @@ def readyz() -> Response:
     return error_response(503, "not_ready", f"not ready: {failing} not answering", checks=checks)
 
 
-@meta_bp.get("/openapi.json")
+@operation(meta_bp, "GET", "/openapi.json", roles=PUBLIC, summary="This document", replies={"200": Reply("OpenAPI 3.1")})
 def openapi() -> Response:
     return jsonify(openapi_document(app_state().templates))
 
 
-@templates_bp.get("/templates")
+@operation(
+    templates_bp, "GET", "/templates", roles=ALL_ROLES, summary="Templates and their parameter schemas",
+    replies={"200": Reply("Templates", TemplateList)},
+)
 def list_templates() -> Response:
     return jsonify(
         {

@@ -45,6 +45,7 @@ from flask import Blueprint, Flask, Response, abort, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from api.context import app_state
+from api.routing import PUBLIC, Reply, operation
 from gpupool.config import Network, Settings
 from gpupool.errors import ConfigError
 from gpupool.metrics import MULTIPROC_ENV, exposition_registry
@@ -129,7 +130,11 @@ def register_metrics(app: Flask, settings: Settings) -> None:
     app.after_request(_record)
 
 
-@metrics_bp.get("/metrics")
+@operation(
+    metrics_bp, "GET", "/metrics", roles=PUBLIC,
+    summary="Prometheus metrics; only from the addresses in metrics_allow_cidrs (404 elsewhere)",
+    replies={"200": Reply("Prometheus text format")}, errors=(404,),
+)
 def metrics() -> Response:
     if not _caller_allowed(request.remote_addr, app_state().metrics_networks):
         abort(404)

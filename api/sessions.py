@@ -19,10 +19,13 @@ import hmac
 from flask import Blueprint, Response, jsonify, request
 
 from api.context import app_state, db_session, principal
-from api.jobs import _refresh_if_unfinished, _visible_job
+from api.jobs import JOB_ID_PARAM, _refresh_if_unfinished, _visible_job
+from api.routing import Reply, operation
+from api.schemas import SessionOut
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import NotFound
+from gpupool.members import WRITERS
 from gpupool.models import Job, JobSession
 from gpupool.models.sessions import COOKIE
 from gpupool.sessions import (
@@ -60,7 +63,11 @@ def _session_of(job_id: str) -> tuple[Job, JobSession]:
     return job, record
 
 
-@sessions_bp.get("/jobs/<job_id>/session")
+@operation(
+    sessions_bp, "GET", "/jobs/<job_id>/session", roles=WRITERS,
+    summary="A session job's state and a single-use link that opens it in a browser",
+    parameters=[JOB_ID_PARAM], replies={"200": Reply("The session", SessionOut)}, errors=(404,),
+)
 def get_session(job_id: str) -> Response:
     job, record = _session_of(job_id)
     _refresh_if_unfinished(job)

@@ -38,7 +38,7 @@ from gpupool.errors import (
     Unauthorized,
     ValidationFailed,
 )
-from gpupool.members import check_member_gpus, check_member_templates, require_role
+from gpupool.members import WRITERS, check_member_gpus, check_member_templates, require_role
 from gpupool.models import Account, Job, JobSession, JobTask
 from gpupool.models.jobs import SUBMITTING
 from gpupool.render import ArraySpec, JobSpec, RenderedJob, param_text, render
@@ -483,7 +483,7 @@ def _admit(
         raise ValidationFailed(f"account {account.name!r} may use at most {account.gpu_limit} GPU(s) at once")
     if caller.membership is not None:
         # The pages reach here without the API's per-endpoint check.
-        require_role(caller.membership, "submit.submit_job", "POST")
+        require_role(caller.membership, WRITERS)
         check_member_templates(caller.membership, req.template)
     time_limit_min = req.time_limit_min or app.settings.default_time_limit_min
     return _Admitted(params, gpus, account, keyed_job, time_limit_min, array)

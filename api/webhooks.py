@@ -11,11 +11,14 @@ from sqlalchemy import select
 from api.audit import audit
 from api.context import app_state, db_session, principal
 from api.query import int_arg
+from api.routing import Reply, operation
 from api.schemas import (
     DeliveryAttemptOut,
+    DeliveryList,
     DeliveryOut,
     WebhookCreate,
     WebhookCreated,
+    WebhookList,
     WebhookOut,
     json_object,
     request_body,
@@ -24,6 +27,7 @@ from gpupool.audit import WEBHOOK_CREATE, WEBHOOK_DELETE
 from gpupool.config import allowed_networks
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, Conflict, NotFound
+from gpupool.members import ADMINS
 from gpupool.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from gpupool.webhooks.destinations import check_destination, url_origin
 from gpupool.webhooks.endpoints import new_secret
@@ -35,6 +39,7 @@ MAX_ENDPOINTS_PER_ACCOUNT = 20
 MAX_DELIVERY_PAGE = 100
 # Delivery ids are BIGINTs: 18 digits always fit, and a longer cursor was never issued.
 MAX_CURSOR_DIGITS = 18
+_ENDPOINT_ID = {"name": "endpoint_id", "in": "path", "required": True, "schema": {"type": "string", "format": "uuid"}}
 
 
 def _endpoint_view(endpoint: WebhookEndpoint) -> dict[str, Any]:
@@ -54,7 +59,13 @@ def _own_endpoint(endpoint_id: str) -> WebhookEndpoint:
     return endpoint
 
 
-@webhooks_bp.post("/webhooks")
+@operation(
+    webhooks_bp, "POST", "/webhooks", roles=ADMINS,
+    summary="Register a webhook endpoint; its signing secret is in this answer only",
+    description="The URL's host is resolved now: loopback, private, link-local and metadata addresses are refused "
+    "(422 webhook_url_refused) unless the operator allowlists them; nothing is sent.",
+    request=WebhookCreate, replies={"201": Reply("Registered", WebhookCreated)}, errors=(400, 409, 415, 422),
+)
 def create_webhook() -> tuple[Response, int, dict[str, str]]:
     wanted = _create_request()
     # Resolved and refused here, before anything is stored and without sending a byte.
@@ -83,7 +94,10 @@ def create_webhook() -> tuple[Response, int, dict[str, str]]:
     return jsonify(created), 201, {"Location": url_for("webhooks.list_deliveries", endpoint_id=endpoint.id)}
 
 
-@webhooks_bp.get("/webhooks")
+@operation(
+    webhooks_bp, "GET", "/webhooks", roles=ADMINS, summary="The account's webhook endpoints (without secrets)",
+    replies={"200": Reply("Endpoints", WebhookList)},
+)
 def list_webhooks() -> Response:
     endpoints = db_session().scalars(
         select(WebhookEndpoint)
@@ -97,7 +111,11 @@ def list_webhooks() -> Response:
     return jsonify({"webhooks": [_endpoint_view(endpoint) for endpoint in endpoints]})
 
 
-@webhooks_bp.delete("/webhooks/<endpoint_id>")
+@operation(
+    webhooks_bp, "DELETE", "/webhooks/<endpoint_id>", roles=ADMINS,
+    summary="Stop sending to an endpoint; deliveries not yet made are cancelled",
+    parameters=[_ENDPOINT_ID], replies={"204": Reply("Deleted")}, errors=(404,),
+)
 def delete_webhook(endpoint_id: str) -> tuple[str, int]:
     endpoint = _own_endpoint(endpoint_id)
     endpoint.deleted_at = utcnow()  # kept, so its deliveries' history stays readable in the database
@@ -115,7 +133,16 @@ def _cursor_id() -> int | None:
     return int(raw)
 
 
-@webhooks_bp.get("/webhooks/<endpoint_id>/deliveries")
+@operation(
+    webhooks_bp, "GET", "/webhooks/<endpoint_id>/deliveries", roles=ADMINS,
+    summary="Events owed to an endpoint, newest first, with every attempt and the receiver's answers",
+    parameters=[
+        _ENDPOINT_ID,
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_DELIVERY_PAGE}},
+        {"name": "cursor", "in": "query", "schema": {"type": "string", "pattern": f"^[0-9]{{1,{MAX_CURSOR_DIGITS}}}$"}},
+    ],
+    replies={"200": Reply("Deliveries", DeliveryList)}, errors=(400, 404),
+)
 def list_deliveries(endpoint_id: str) -> Response:
     endpoint = _own_endpoint(endpoint_id)
     session = db_session()

@@ -17,14 +17,14 @@ from typing import Any
 
 from sqlalchemy import text
 
+from bench.support.http import as_service_user_argv, counting_bin_dir, free_port, http
+from bench.support.services import add_account_row, create_database, drop_database, throwaway_slurm_account
+from bench.support.tenancy import job_root_for_tests, runas_helper
 from gpupool import db
 from gpupool.config import load_settings
 from gpupool.proc import run_command
 from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import issue_token
-from tests.support.http import as_service_user_argv, counting_bin_dir, free_port, http
-from tests.support.services import add_account_row, create_database, drop_database, throwaway_slurm_account
-from tests.support.tenancy import job_root_for_tests, runas_helper
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -7,7 +7,7 @@ Two baselines, run in this same script on the same input:
   pipeline. It forks two processes per row, so it runs on the first
   ``--seed-rows`` rows of the same input and its rate is compared.
 
-Usage: python bench/billing.py [--rows 100000] [--repeat 3] [--seed-rows 2000]
+Usage: python -m bench.billing [--rows 100000] [--repeat 3] [--seed-rows 2000]
 """
 
 from __future__ import annotations
@@ -18,24 +18,21 @@ import io
 import secrets
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from sqlalchemy import text
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._harness import REPO, table  # noqa: E402
-from bench.synthetic_sacct import PASS_DELIMITER, sacct_dump, seed_dump, synthetic_jobs  # noqa: E402
-from billing import passes  # noqa: E402
-from billing.ledger_writer import COPY_LEDGER_SQL, ledger_csv_lines  # noqa: E402
-from billing.prices import load_prices, set_price  # noqa: E402
-from gpupool import db  # noqa: E402
-from gpupool.config import load_settings  # noqa: E402
-from tests.support.metering import meter, parse_runs  # noqa: E402
-from tests.support.services import create_database, drop_database  # noqa: E402
+from bench._harness import REPO, table
+from bench.support.metering import meter, parse_runs
+from bench.support.services import create_database, drop_database
+from bench.synthetic_sacct import PASS_DELIMITER, sacct_dump, seed_dump, synthetic_jobs
+from billing import passes
+from billing.ledger_writer import COPY_LEDGER_SQL, ledger_csv_lines
+from billing.prices import load_prices, set_price
+from gpupool import db
+from gpupool.config import load_settings
 
 SEED_SCRIPT = REPO.parent / "shared" / "baselines" / "seed-billing.sh"
 APPEND_ONLY = ("ledger_entries", "adjustments")

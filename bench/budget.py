@@ -11,25 +11,21 @@ billed this month), and ``balance`` (what ``/usage``, spend alerts and
 ``push_budgets`` read), and prints the spend they read: runs of two versions
 must print the same figures.
 
-Usage: python bench/budget.py [--rows 500000] [--repeat 200]
+Usage: python -m bench.budget [--rows 500000] [--repeat 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from sqlalchemy import text
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._harness import filled_database, median, percentile, table  # noqa: E402
-from billing.budgets import balance, lock_budget  # noqa: E402
-from gpupool import db  # noqa: E402
+from bench._harness import filled_database, median, percentile, table
+from billing.budgets import balance, lock_budget
+from gpupool import db
 
 FILL = """
 INSERT INTO billing_passes (id, kind, started_at, finished_at, source, source_sha256, sacct_rows, ledger_rows, adjustment_rows)

@@ -7,7 +7,7 @@ Baseline, in the same script: PostgreSQL's own ``COPY (SELECT ...) TO STDOUT``
 of the same rows, the fastest export the database can do.
 Targets: >= 100,000 rows/s and < 200 MB.
 
-Usage: python bench/invoice.py [--lines 1000000]
+Usage: python -m bench.invoice [--lines 1000000]
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ import argparse
 import os
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._harness import BIN, filled_database, table  # noqa: E402
+from bench._harness import BIN, filled_database, table
 
 FILL = """
 INSERT INTO billing_passes (id, kind, started_at, finished_at, source, source_sha256, sacct_rows, ledger_rows, adjustment_rows)

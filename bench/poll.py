@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._harness import bench_env, gunicorn, http, require_wrk, slurm, table  # noqa: E402
-from gpupool.proc import minimal_env, run_command  # noqa: E402
+from bench._harness import bench_env, gunicorn, http, require_wrk, slurm, table
+from gpupool.proc import minimal_env, run_command
 
 INTERVAL_S = 5.0
 

@@ -14,23 +14,21 @@ Jobs are held (``--hold``) so nothing starts; all are cancelled at the end.
 
 from __future__ import annotations
 
+import argparse
 import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._harness import bench_env, median, percentile, slurm, table  # noqa: E402
-from bench.submit import timed  # noqa: E402
-from gpupool.config import load_settings  # noqa: E402
-from gpupool.proc import minimal_env, run_command  # noqa: E402
-from gpupool.render import JobSpec, render  # noqa: E402
-from gpupool.slurm.runas.client import RunasClient  # noqa: E402
-from gpupool.slurm.tenants import ensure_tenant_folder, lookup_tenant  # noqa: E402
-from gpupool.templates import load_templates  # noqa: E402
+from bench._harness import bench_env, median, percentile, slurm, table
+from bench.submit import timed
+from gpupool.config import load_settings
+from gpupool.proc import minimal_env, run_command
+from gpupool.render import JobSpec, render
+from gpupool.slurm.runas.client import RunasClient
+from gpupool.slurm.tenants import ensure_tenant_folder, lookup_tenant
+from gpupool.templates import load_templates
 
 ROUNDS = 40
 SUDO = "/usr/bin/sudo"
@@ -49,6 +47,7 @@ def rendered_for(account: str, job_root: Path) -> tuple[str, str, tuple[str, ...
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     with tempfile.TemporaryDirectory() as tmp, bench_env(Path(tmp), slurm_gpu_limit=0) as env:
         account, job_root = env["account"], Path(env["job_root"])
         settings = load_settings(

@@ -20,7 +20,7 @@ there less a little headroom, and says so when that is under 10,000. Then, side 
 - sustained submission, 60 s at concurrency 16: POST /submit against raw sbatch as the
   tenant, each after the queue is emptied.
 
-Every bench job is cancelled at the end. Usage: python bench/scale.py [--jobs 10000]
+Every bench job is cancelled at the end. Usage: python -m bench.scale [--jobs 10000]
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -36,19 +35,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._harness import REPO, bench_env, gunicorn, http, median, require_wrk, slurm, table  # noqa: E402
-from bench.submit import burst_seconds, raw_sbatch  # noqa: E402
-from billing.passes import run_pass  # noqa: E402
-from billing.price_book import ANY_GPU_TYPE  # noqa: E402
-from billing.prices import set_price  # noqa: E402
-from gpupool import db  # noqa: E402
-from gpupool.config import load_settings  # noqa: E402
-from gpupool.jobstate import JobStateRefresher  # noqa: E402
-from gpupool.proc import minimal_env, run_command  # noqa: E402
-from gpupool.slurm.client import _QUEUE_FORMAT, SlurmClient  # noqa: E402
-from tests.support.services import add_account_row, throwaway_slurm_account  # noqa: E402
+from bench._harness import REPO, bench_env, gunicorn, http, median, require_wrk, slurm, table
+from bench.submit import burst_seconds, raw_sbatch
+from bench.support.services import add_account_row, throwaway_slurm_account
+from billing.passes import run_pass
+from billing.price_book import ANY_GPU_TYPE
+from billing.prices import set_price
+from gpupool import db
+from gpupool.config import load_settings
+from gpupool.jobstate import JobStateRefresher
+from gpupool.proc import minimal_env, run_command
+from gpupool.slurm.client import _QUEUE_FORMAT, SlurmClient
 
 JOBS = 10_000
 HEADROOM = 100  # jobs left for the cluster's other users under MaxJobCount

@@ -21,7 +21,7 @@ small request.
 
 Runs as root on a machine with nginx and njs (make venv-test installs them)
 and unprivileged user namespaces. Usage:
-    python bench/sessions.py [--size-mib 256] [--downloads 5] [--requests 1000] [--shim PATH]
+    python -m bench.sessions [--size-mib 256] [--downloads 5] [--requests 1000] [--shim PATH]
 """
 
 from __future__ import annotations
@@ -46,15 +46,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gpupool import db  # noqa: E402
-from gpupool.config import load_settings  # noqa: E402
-from gpupool.models import Account, Job, JobSession  # noqa: E402
-from gpupool.models.tokens import IssuedToken  # noqa: E402
-from gpupool.proxy import ProxyConfig, standalone_nginx_conf  # noqa: E402
-from gpupool.sessions import COOKIE_NAME, issue_link, redeem_link  # noqa: E402
-from gpupool.tokens import Principal, issue_token  # noqa: E402
+from gpupool import db
+from gpupool.config import load_settings
+from gpupool.models import Account, Job, JobSession
+from gpupool.models.tokens import IssuedToken
+from gpupool.proxy import ProxyConfig, standalone_nginx_conf
+from gpupool.sessions import COOKIE_NAME, issue_link, redeem_link
+from gpupool.tokens import Principal, issue_token
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

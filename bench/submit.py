@@ -40,10 +40,8 @@ from typing import Any
 
 from sqlalchemy import text, update
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._harness import bench_env, gunicorn, median, percentile, slurm, table  # noqa: E402
-from bench._profile import (  # noqa: E402
+from bench._harness import bench_env, gunicorn, median, percentile, slurm, table
+from bench._profile import (
     HELPER_BUSY,
     HELPER_GROUPS,
     WORKER_BUSY,
@@ -58,15 +56,15 @@ from bench._profile import (  # noqa: E402
     py_spy,
     py_spy_binary,
 )
-from billing.price_book import ANY_GPU_TYPE  # noqa: E402
-from billing.prices import set_price  # noqa: E402
-from gpupool import db  # noqa: E402
-from gpupool.config import load_settings  # noqa: E402
-from gpupool.models import Account  # noqa: E402
-from gpupool.proc import minimal_env, run_command  # noqa: E402
-from gpupool.render import JobSpec, RenderedJob, render  # noqa: E402
-from gpupool.slurm.tenants import Tenant, ensure_tenant_folder, lookup_tenant  # noqa: E402
-from gpupool.templates import load_templates  # noqa: E402
+from billing.price_book import ANY_GPU_TYPE
+from billing.prices import set_price
+from gpupool import db
+from gpupool.config import load_settings
+from gpupool.models import Account
+from gpupool.proc import minimal_env, run_command
+from gpupool.render import JobSpec, RenderedJob, render
+from gpupool.slurm.tenants import Tenant, ensure_tenant_folder, lookup_tenant
+from gpupool.templates import load_templates
 
 ROUNDS = 60
 CONCURRENCY = 8

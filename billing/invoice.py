@@ -41,7 +41,7 @@ from sqlalchemy import BigInteger, cast, func, select
 from sqlalchemy.engine import Connection
 
 from billing.calendar import next_month_start
-from billing.money import format_cents, format_nanos, round_to_cents
+from billing.money import format_cents, format_nanos, invoiced_cents, round_to_cents
 from gpupool.clock import utc_text
 from gpupool.models import Adjustment, Job, LedgerEntry, StorageCharge
 
@@ -313,10 +313,10 @@ def invoice_filename(account: str, period: str) -> str:
 
 def invoice_total_cents(connection: Connection, account: str, period: str) -> tuple[int, int, int]:
     """(charges, adjustments, total) in cents, by the invoice's own rounding."""
-    charges = sum(round_to_cents(group[-1]) for partition in job_line_groups(connection, account, period) for group in partition)
-    charges += sum(round_to_cents(line.amount_nanos) for line in storage_lines(connection, account, period))
-    adjustments = sum(
-        round_to_cents(int(nanos))
+    charges = invoiced_cents(group[-1] for partition in job_line_groups(connection, account, period) for group in partition)
+    charges += invoiced_cents(line.amount_nanos for line in storage_lines(connection, account, period))
+    adjustments = invoiced_cents(
+        int(nanos)
         for (nanos,) in connection.execute(
             select(Adjustment.amount_nanos).where(Adjustment.account == account, Adjustment.period == period)
         )

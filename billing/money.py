@@ -3,12 +3,15 @@
 Rounding rule: every ledger amount is exact (GPU-seconds x unit price, both
 integers). Amounts are rounded only once, per invoice line, to the cent, half
 away from zero (0.005 -> 0.01, -0.005 -> -0.01). An invoice total is the sum
-of its rounded lines, so it always equals what the lines add up to.
+of its rounded lines, so it always equals what the lines add up to. Any
+other total of money billed (the operator report's revenue, adjustments and
+net) is ``invoiced_cents`` of the same lines, so it is what the invoices say.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
 
 NANOS = 10**9
@@ -45,6 +48,11 @@ def round_to_cents(nanos: int) -> int:
     if rest * 2 >= CENT_NANOS:
         cents += 1
     return -cents if nanos < 0 else cents
+
+
+def invoiced_cents(line_nanos: Iterable[int]) -> int:
+    """What invoice lines of these exact amounts add up to: each rounded to the cent, then summed."""
+    return sum(round_to_cents(nanos) for nanos in line_nanos)
 
 
 def format_cents(cents: int) -> str:

@@ -48,45 +48,6 @@ READERS_OF_ACCOUNT = frozenset({ADMIN, VIEWER})
 # Who submits jobs, and so gets a Unix and Slurm user of their own.
 RUNS_JOBS = WRITERS
 
-# Which roles may call each endpoint of the API that a customer's token reaches;
-# tests/api/test_members.py checks that every such endpoint of the app is listed.
-ENDPOINT_ROLES: Mapping[str, frozenset[str]] = {
-    "submit.submit_job": WRITERS,
-    "submit.quote_job": WRITERS,
-    "jobs.list_jobs": ALL_ROLES,
-    "jobs.get_job": ALL_ROLES,
-    "jobs.list_tasks": ALL_ROLES,
-    "jobs.get_task": ALL_ROLES,
-    "jobs.cancel_job": WRITERS,
-    "jobs.cancel_task": WRITERS,
-    # Logs hold what a job printed, which may be its owner's secrets: its owner and the account's admins.
-    "jobs.job_logs": WRITERS,
-    "jobs.task_logs": WRITERS,
-    "sessions.get_session": WRITERS,
-    "billing.get_usage": ALL_ROLES,
-    "billing.get_invoice": READERS_OF_ACCOUNT,
-    "keys.create": WRITERS,
-    "keys.index": ALL_ROLES,
-    "keys.revoke": ALL_ROLES,
-    "alerts.get_alerts": READERS_OF_ACCOUNT,
-    "alerts.put_alerts": ADMINS,
-    "webhooks.create_webhook": ADMINS,
-    "webhooks.list_webhooks": ADMINS,
-    "webhooks.delete_webhook": ADMINS,
-    "webhooks.list_deliveries": ADMINS,
-    "members.list_account_members": ADMINS,
-    "members.put_member": ADMINS,
-    "members.delete_member": ADMINS,
-    # Who did what in the account, from where: its admins.
-    "audit.list_audit": ADMINS,
-    # The account's storage is shared by its members: they read and write it, viewers read.
-    "files.get_file": ALL_ROLES,
-    "files.put_file": WRITERS,
-    "files.delete_file": WRITERS,
-    "files.move_file": WRITERS,
-    "templates.list_templates": ALL_ROLES,
-    "admin.get_report": ALL_ROLES,  # operators only, checked by api.admin itself
-}
 # The scope of a key a member of each role may make: never more than the role allows.
 KEY_SCOPES_BY_ROLE: Mapping[str, frozenset[str]] = {
     ADMIN: frozenset({"read", "submit", "admin"}),
@@ -158,11 +119,8 @@ def require_member(membership: Membership | None, account: str) -> Membership:
     return membership
 
 
-def require_role(membership: Membership, endpoint: str | None, method: str) -> None:
-    """Forbidden unless the member's role may call ``endpoint``; endpoints not listed are for writers only unless read."""
-    allowed = ENDPOINT_ROLES.get(endpoint or "")
-    if allowed is None:
-        allowed = ALL_ROLES if method in ("GET", "HEAD", "OPTIONS") else WRITERS
+def require_role(membership: Membership, allowed: frozenset[str]) -> None:
+    """Forbidden unless the member's role is one of ``allowed`` (each API route declares its own: api.routing)."""
     if membership.role not in allowed:
         raise Forbidden(
             f"your role in this account is {membership.role!r}, which may not do this; "

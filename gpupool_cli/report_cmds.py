@@ -38,7 +38,7 @@ def cmd_report(settings: Settings, args: argparse.Namespace) -> int:
     with sessions() as session:
         report = build_report(session, SlurmClient(settings), settings, since, until, now)
     if args.format == "json":
-        print(json.dumps(report.as_json(), indent=2))
+        print(json.dumps(report.model_dump(mode="json"), indent=2))
     elif args.format == "csv":
         sys.stdout.write(report_csv(report))
     else:

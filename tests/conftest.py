@@ -29,13 +29,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import sessionmaker
 
-from gpupool import db
-from gpupool.clock import FrozenClock, parse_instant, system_clock
-from gpupool.config import Settings, load_settings
-from gpupool.slurm.client import SlurmClient
-from gpupool.slurm.parse import parse_delimited
-from gpupool.tokens import issue_token
-from tests.support.services import (
+from bench.support.services import (
     add_account_row,
     cancel_account_jobs,
     create_database,
@@ -44,7 +38,13 @@ from tests.support.services import (
     throwaway_slurm_account,
     wait_for,
 )
-from tests.support.tenancy import job_root_for_tests, runas_helper
+from bench.support.tenancy import job_root_for_tests, runas_helper
+from gpupool import db
+from gpupool.clock import FrozenClock, parse_instant, system_clock
+from gpupool.config import Settings, load_settings
+from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import parse_delimited
+from gpupool.tokens import issue_token
 
 REPO = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("GPUPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")

@@ -120,7 +120,7 @@ def report() -> str:
     args = {name: request.args.get(name) or None for name in ("period", "since", "until")}
     since, until = parse_window(args["period"], args["since"], args["until"], now=now)
     app = app_state()
-    figures = build_report(db_session(), app.slurm, app.settings, since, until, now).as_json()
+    figures = build_report(db_session(), app.slurm, app.settings, since, until, now).model_dump(mode="json")
     currency = figures["currency"]
     revenue_by_day = charts.stacked_columns(
         _day_columns(figures, lambda row: {"revenue": float(row["amount"])}),

@@ -26,6 +26,7 @@ from api.auth import PAGE_SESSION_KEY, count_unauthenticated, principal_for_toke
 from api.context import app_state, calendar_now, db_session, principal
 from api.errors import status_for
 from api.metrics import JOBS_SUBMITTED
+from api.routing import roles_of
 from api.submission import quote, request_fingerprint, submit
 from api.web import charts
 from api.web.forms import RESOURCE_FIELDS, param_fields, submit_body
@@ -57,7 +58,7 @@ web_data_bp = Blueprint("web_data", __name__, url_prefix="/ui/data")
 
 # Reachable without a session.
 OPEN_PAGES = frozenset({"web.index", "web.signin", "web.static"})
-# Pages that do what an API endpoint does follow that endpoint's roles (gpupool.members);
+# Pages that do what an API endpoint does follow that endpoint's roles (declared with it: api.routing);
 # the others only read what every role of the account may read.
 PAGE_RULES = {
     "web.submit_form": "submit.submit_job",
@@ -113,7 +114,7 @@ def _check_page_role() -> None:
     membership = principal().membership
     rule = PAGE_RULES.get(request.endpoint or "")
     if membership is not None and rule is not None:
-        require_role(membership, rule, "POST" if rule.startswith("submit.") else "GET")
+        require_role(membership, roles_of(rule))
 
 
 def _may_read_logs() -> bool:

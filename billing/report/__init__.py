@@ -18,8 +18,11 @@ Where each figure comes from:
   ``electricity_price_per_kwh`` setting, against the revenue of the runs each
   node ran (a ledger run is found in sacct by job id and start).
 
-Money stays in nano-units throughout; rounding to the cent happens only when a
-figure is displayed (table and CSV), half away from zero, as on invoices.
+Money billed (revenue in total, by account, GPU type and tier; adjustments; net)
+is what the invoices say: each invoice line rounded to the cent, then summed
+(``billing.money.invoiced_cents``), so a month's report and its invoices agree to
+the cent. What no invoice line is (revenue by day, payback) stays exact in
+nano-units and is rounded only when displayed (table and CSV), half away from zero.
 
 Modules, each importing only those above it:
 - ``window``: ``parse_window`` (a UTC month or a range) and how times print;
@@ -30,11 +33,11 @@ Modules, each importing only those above it:
 - ``payback``: node costs, electricity and revenue per node;
 - ``alerts``, ``idle``: spend alerts sent; idle GPU-seconds (``idle_figures``, pure);
 - ``schema``: the pydantic models of the JSON (``GET /admin/report``, its OpenAPI schema);
-- ``build``: ``build_report`` and ``Report``;
+- ``build``: ``build_report``, which answers a ``ReportOut``;
 - ``output``: the terminal table and the CSV.
 """
 
-from billing.report.build import Report, build_report
+from billing.report.build import build_report
 from billing.report.idle import idle_figures
 from billing.report.intervals import gpu_hours, overlap_s, percentile, union_s
 from billing.report.output import cents_text, report_csv, report_table
@@ -48,13 +51,14 @@ from billing.report.payback import (
 )
 from billing.report.queue_wait import queue_waits
 from billing.report.revenue import sum_ledger_rows
+from billing.report.schema import ReportOut
 from billing.report.utilization import utilization_cells
 from billing.report.window import parse_window
 
 __all__ = [
     "AVERAGE_MONTH_S",
     "NodePayback",
-    "Report",
+    "ReportOut",
     "attribute_to_nodes",
     "build_report",
     "cents_text",

@@ -3,92 +3,34 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from billing.money import format_nanos, parse_nanos
+from billing.invoice import gib_hours_text
+from billing.money import format_cents, format_nanos, parse_nanos
 from billing.report.alerts import alerts_sent
 from billing.report.idle import idle_figures, idle_rows
 from billing.report.intervals import gpu_hours
 from billing.report.payback import NodePayback, attribute_to_nodes, payback_figures
 from billing.report.queue_wait import queue_waits, waiting_now_lines
-from billing.report.revenue import ledger_window, lifetime_revenue_by_run, window_adjustments
+from billing.report.revenue import ledger_window, lifetime_revenue_by_run, storage_window, window_adjustments
+from billing.report.schema import ReportOut
 from billing.report.utilization import utilization_cells, utilization_line
-from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.models import NodeCost
 from gpupool.slurm.client import SlurmClient
 
 
-@dataclass(frozen=True)
-class Report:
-    """Every figure of one window; ``as_json`` is what ``GET /admin/report`` answers, in the shape of
-    ``billing.report.schema.ReportOut`` (the OpenAPI schema; tests/unit/test_report_schema.py holds them together).
-
-    Amounts are exact decimal text (``format_nanos``); GPU-seconds are integers.
-    ``measured_until`` is min(until, now): nothing after it is counted.
-    """
-
-    since: dt.datetime
-    until: dt.datetime
-    measured_until: dt.datetime
-    generated_at: dt.datetime
-    currency: str
-    revenue: dict[str, Any]
-    revenue_by_account: list[dict[str, Any]]
-    revenue_by_gpu_type: list[dict[str, Any]]
-    revenue_by_day: list[dict[str, Any]]
-    adjustments: dict[str, Any]
-    gpu_seconds_sold: int
-    gpu_hours_sold: str
-    utilization: dict[str, Any]
-    utilization_by_node: list[dict[str, Any]]
-    utilization_by_gpu_type: list[dict[str, Any]]
-    queue_wait: dict[str, Any]
-    waiting_now: list[dict[str, Any]]
-    payback: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-    # Full price (normal) and spot: the tier each ledger row was priced at.
-    revenue_by_tier: list[dict[str, Any]] = field(default_factory=list)
-    # Spend alerts the billing passes sent in the window (billing.alerts), by account, kind and threshold.
-    alerts_sent: list[dict[str, Any]] = field(default_factory=list)
-    # GPU-seconds under the idle threshold (billing.report.idle): total, share of those sold, by account and template.
-    idle_gpus: dict[str, Any] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "since": utc_text(self.since),
-            "until": utc_text(self.until),
-            "measured_until": utc_text(self.measured_until),
-            "generated_at": utc_text(self.generated_at),
-            "currency": self.currency,
-            "revenue": self.revenue,
-            "revenue_by_account": self.revenue_by_account,
-            "revenue_by_gpu_type": self.revenue_by_gpu_type,
-            "revenue_by_tier": self.revenue_by_tier,
-            "revenue_by_day": self.revenue_by_day,
-            "adjustments": self.adjustments,
-            "gpu_seconds_sold": self.gpu_seconds_sold,
-            "gpu_hours_sold": self.gpu_hours_sold,
-            "idle_gpus": self.idle_gpus,
-            "utilization": self.utilization,
-            "utilization_by_node": self.utilization_by_node,
-            "utilization_by_gpu_type": self.utilization_by_gpu_type,
-            "queue_wait": self.queue_wait,
-            "waiting_now": self.waiting_now,
-            "payback": self.payback,
-            "alerts_sent": [{**line, "last_sent_at": utc_text(line["last_sent_at"])} for line in self.alerts_sent],
-            "notes": self.notes,
-        }
-
-
 def build_report(
     session: Session, slurm: SlurmClient, settings: Settings, since: dt.datetime, until: dt.datetime, now: dt.datetime
-) -> Report:
-    """Every figure of [since, until), measured up to ``now``; reads the ledger, sacct, sacctmgr, sinfo and squeue."""
+) -> ReportOut:
+    """Every figure of [since, until), measured up to ``now``; reads the ledger, sacct, sacctmgr, sinfo and squeue.
+
+    Validated as it is made: a figure the model does not describe, or one it requires and
+    the report lacks, fails here rather than in a client. ``model_dump(mode="json")`` is what
+    ``GET /admin/report`` answers.
+    """
     end = max(since, min(until, now))
     costs = [
         NodePayback(row.node, row.purchase_price_nanos, row.in_service_since, row.watts)
@@ -104,9 +46,11 @@ def build_report(
 
     ledger = ledger_window(session, since, end)
     adjustments = window_adjustments(session, since, until)
+    storage = storage_window(session, since, end)
+    storage_cents = sum(sums.cents for sums in storage.values())
     alerts = alerts_sent(session, since, until)
     idle = idle_figures(idle_rows(session, since, until), ledger.total.gpu_seconds)
-    adjustment_nanos = adjustments.pop("_nanos")
+    adjustment_cents = adjustments.pop("_cents")
 
     cells = utilization_cells(nodes, allocations, events, since, end)
     node_names = sorted({node for node, _type in cells})
@@ -138,22 +82,23 @@ def build_report(
         notes.append("no node costs are set: `gpupool node cost set NODE --price ... --since ... --watts ...` gives payback figures")
     if unattributed_window:
         notes.append("some revenue is from runs sacct has no record of (imported history, or another cluster): it counts towards no node")
-    return Report(
-        since=since,
-        until=until,
-        measured_until=end,
-        generated_at=now,
-        currency=settings.currency,
-        revenue={
+    return ReportOut.model_validate({
+        "since": since,
+        "until": until,
+        "measured_until": end,
+        "generated_at": now,
+        "currency": settings.currency,
+        "revenue": {
             "gpu_seconds": ledger.total.gpu_seconds,
-            "amount": format_nanos(ledger.total.nanos),
-            "adjustments": format_nanos(adjustment_nanos),
-            "net": format_nanos(ledger.total.nanos + adjustment_nanos),
+            "amount": format_cents(ledger.total.cents),
+            "storage": format_cents(storage_cents),
+            "adjustments": format_cents(adjustment_cents),
+            "net": format_cents(ledger.total.cents + storage_cents + adjustment_cents),
         },
-        revenue_by_account=[{"account": name, **sums.as_json()} for name, sums in sorted(ledger.by_account.items())],
-        revenue_by_gpu_type=[{"gpu_type": name, **sums.as_json()} for name, sums in sorted(ledger.by_gpu_type.items())],
-        revenue_by_tier=[{"tier": name, **sums.as_json()} for name, sums in sorted(ledger.by_tier.items())],
-        revenue_by_day=[
+        "revenue_by_account": [{"account": name, **sums.as_invoiced_json()} for name, sums in sorted(ledger.by_account.items())],
+        "revenue_by_gpu_type": [{"gpu_type": name, **sums.as_invoiced_json()} for name, sums in sorted(ledger.by_gpu_type.items())],
+        "revenue_by_tier": [{"tier": name, **sums.as_invoiced_json()} for name, sums in sorted(ledger.by_tier.items())],
+        "revenue_by_day": [
             {
                 "date": day.isoformat(),
                 **sums.as_json(),
@@ -161,16 +106,20 @@ def build_report(
             }
             for day, sums in sorted(ledger.by_day.items())
         ],
-        adjustments=adjustments,
-        alerts_sent=alerts,
-        idle_gpus=idle,
-        gpu_seconds_sold=ledger.total.gpu_seconds,
-        gpu_hours_sold=gpu_hours(ledger.total.gpu_seconds),
-        utilization=utilization_line("scope", "cluster", cells.values()),
-        utilization_by_node=by_node,
-        utilization_by_gpu_type=by_type,
-        queue_wait=queue_waits(allocations, node_types, since, end),
-        waiting_now=waiting_now_lines(pending, now),
-        payback=payback,
-        notes=notes,
-    )
+        "storage_by_account": [
+            {"account": name, "gib_hours": gib_hours_text(sums.byte_seconds), "amount": format_cents(sums.cents)}
+            for name, sums in sorted(storage.items())
+        ],
+        "adjustments": adjustments,
+        "alerts_sent": alerts,
+        "idle_gpus": idle,
+        "gpu_seconds_sold": ledger.total.gpu_seconds,
+        "gpu_hours_sold": gpu_hours(ledger.total.gpu_seconds),
+        "utilization": utilization_line("scope", "cluster", cells.values()),
+        "utilization_by_node": by_node,
+        "utilization_by_gpu_type": by_type,
+        "queue_wait": queue_waits(allocations, node_types, since, end),
+        "waiting_now": waiting_now_lines(pending, now),
+        "payback": payback,
+        "notes": notes,
+    })

@@ -10,8 +10,10 @@ from typing import Any
 
 from billing.invoice import spreadsheet_text
 from billing.money import format_cents, parse_nanos, round_to_cents
-from billing.report.build import Report
 from billing.report.intervals import gpu_hours
+from billing.report.schema import ReportOut
+
+_NODE_FACTS = ("in_service_since", "watts")
 
 
 def cents_text(amount: str) -> str:
@@ -34,13 +36,14 @@ def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
     return lines
 
 
-def report_table(report: Report) -> str:
+def report_table(report: ReportOut) -> str:
     """The report for a terminal: amounts rounded to the cent, utilization in percent."""
-    data = report.as_json()
+    data = report.model_dump(mode="json")
     currency = report.currency
     out = [
         f"gpupool report {data['since']} .. {data['until']} (measured until {data['measured_until']}), amounts in {currency}",
-        f"revenue {cents_text(data['revenue']['amount'])}, adjustments {cents_text(data['revenue']['adjustments'])}, "
+        f"revenue {cents_text(data['revenue']['amount'])}, storage {cents_text(data['revenue']['storage'])}, "
+        f"adjustments {cents_text(data['revenue']['adjustments'])}, "
         f"net {cents_text(data['revenue']['net'])}; GPU-hours sold {data['gpu_hours_sold']}; "
         f"utilization {_percent(data['utilization']['utilization'])}",
     ]
@@ -48,6 +51,7 @@ def report_table(report: Report) -> str:
     out += _table("Revenue by account", ("account", "gpu_hours", "amount"), [(r["account"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_account"]])
     out += _table("Revenue by GPU type", ("gpu_type", "gpu_hours", "amount"), [(r["gpu_type"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_gpu_type"]])
     out += _table("Revenue by price tier", ("tier", "gpu_hours", "amount"), [(r["tier"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_tier"]])
+    out += _table("Storage by account", ("account", "gib_hours", "amount"), [(r["account"], r["gib_hours"], cents_text(r["amount"])) for r in data["storage_by_account"]])
     out += _table("Revenue by day (UTC)", ("date", "gpu_hours", "amount"), [(r["date"], gpu_hours(r["gpu_seconds"]), cents_text(r["amount"])) for r in data["revenue_by_day"]])
     adjustments = data["adjustments"]
     out += _table(
@@ -102,9 +106,9 @@ def report_table(report: Report) -> str:
     return "\n".join(out) + "\n"
 
 
-def report_csv(report: Report) -> str:
+def report_csv(report: ReportOut) -> str:
     """One RFC 4180 table: section, key, metric, value. Amounts stay exact; text cells never run as formulas."""
-    data = report.as_json()
+    data = report.model_dump(mode="json")
     rows: list[tuple[str, str, str, Any]] = [
         ("window", "since", "time", data["since"]),
         ("window", "until", "time", data["until"]),
@@ -122,6 +126,8 @@ def report_csv(report: Report) -> str:
     ):
         for line in data[section]:
             rows += [(section, line[key], "gpu_seconds", line["gpu_seconds"]), (section, line[key], "amount", line["amount"])]
+    for line in data["storage_by_account"]:
+        rows += [("storage_by_account", line["account"], metric, line[metric]) for metric in ("gib_hours", "amount")]
     for key in ("credits", "charges", "total"):
         rows.append(("adjustments", "total", key, data["adjustments"][key]))
     for index, line in enumerate(data["adjustments"]["lines"]):
@@ -138,7 +144,9 @@ def report_csv(report: Report) -> str:
     for job in data["waiting_now"]:
         rows += [("waiting_now", job["slurm_job_id"], name, job[name]) for name in ("account", "gpus", "gpu_type", "reason", "waiting_s")]
     for line in [*data["payback"]["nodes"], {"node": "total", **data["payback"]["total"]}] if data["payback"]["nodes"] else []:
-        rows += [("payback", line["node"], name, value) for name, value in line.items() if name != "node"]
+        # A node's own facts first, then its figures (the model lists the shared figures first).
+        names = [*(name for name in _NODE_FACTS if name in line), *(name for name in line if name not in (*_NODE_FACTS, "node"))]
+        rows += [("payback", line["node"], name, line[name]) for name in names]
     for line in data["alerts_sent"]:
         key = f"{line['account']}:{line['kind']}:{line['threshold']}"
         rows += [("alerts_sent", key, "sent", line["sent"]), ("alerts_sent", key, "last_sent_at", line["last_sent_at"])]

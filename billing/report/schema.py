@@ -1,4 +1,4 @@
-"""The report's JSON (``Report.as_json``, ``GET /admin/report``) as pydantic models.
+"""The report (``build_report``'s answer; ``GET /admin/report`` is its JSON) as pydantic models.
 
 They live with the report, not in ``api/``, since billing never imports the API;
 ``api/openapi.py`` generates the report's schema from ``ReportOut``. Unknown keys
@@ -11,9 +11,18 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+
+from gpupool.clock import utc_text
 
 Amount = Annotated[str, Field(description="Exact, in the currency (nano-unit precision); round to the cent to display")]
+InvoicedAmount = Annotated[
+    str,
+    Field(description="What the invoices say: each invoice line's amount (its part in the window) rounded to the cent, "
+          "half away from zero, then summed"),
+]
+# An instant as every report and invoice writes one (gpupool.clock.utc_text): UTC, to the second, ending in Z.
+Instant = Annotated[dt.datetime, PlainSerializer(utc_text, return_type=str, when_used="json")]
 
 
 class _Model(BaseModel):
@@ -22,9 +31,16 @@ class _Model(BaseModel):
 
 class ReportRevenue(_Model):
     gpu_seconds: int
-    amount: Amount
-    adjustments: Amount
-    net: Amount
+    amount: InvoicedAmount
+    storage: InvoicedAmount = Field(description="Account storage charged (per GiB-month), its invoice lines rounded to the cent")
+    adjustments: InvoicedAmount
+    net: InvoicedAmount = Field(description="GPU revenue, storage and adjustments: what the window's invoices total")
+
+
+class ReportStorageByAccount(_Model):
+    account: str
+    gib_hours: str = Field(description="GiB-hours charged in the window, to three decimals")
+    amount: InvoicedAmount
 
 
 class _Sums(_Model):
@@ -32,15 +48,20 @@ class _Sums(_Model):
     amount: Amount
 
 
-class ReportRevenueByAccount(_Sums):
+class _Invoiced(_Model):
+    gpu_seconds: int
+    amount: InvoicedAmount
+
+
+class ReportRevenueByAccount(_Invoiced):
     account: str
 
 
-class ReportRevenueByGpuType(_Sums):
+class ReportRevenueByGpuType(_Invoiced):
     gpu_type: str
 
 
-class ReportRevenueByTier(_Sums):
+class ReportRevenueByTier(_Invoiced):
     tier: str = Field(description="The price tier each ledger row was priced at: normal (full price) or spot")
 
 
@@ -54,16 +75,16 @@ class ReportAdjustment(_Model):
     period: str
     kind: str
     reason: str
-    amount: Amount
-    created_at: dt.datetime
+    amount: InvoicedAmount
+    created_at: Instant
 
 
 class ReportAdjustments(_Model):
     """Credits (negative) and charges, apart from revenue."""
 
-    credits: Amount
-    charges: Amount
-    total: Amount
+    credits: InvoicedAmount
+    charges: InvoicedAmount
+    total: InvoicedAmount
     lines: list[ReportAdjustment]
 
 
@@ -121,7 +142,7 @@ class ReportWaiting(_Model):
     gpus: int
     gpu_type: str | None
     reason: str
-    submitted_at: dt.datetime | None
+    submitted_at: Instant | None
     waiting_s: int | None
 
 
@@ -141,7 +162,7 @@ class ReportPaybackFigures(_Model):
 
 class ReportNodePayback(ReportPaybackFigures):
     node: str
-    in_service_since: dt.datetime
+    in_service_since: Instant
     watts: int
 
 
@@ -159,7 +180,7 @@ class ReportAlertsSent(_Model):
     kind: str = Field(description="credit (of the prepaid credit) or limit (of the monthly limit)")
     threshold: int = Field(description="Percent of the credit or limit used")
     sent: int = Field(description="How many such alerts the window's billing passes sent (one per period at most)")
-    last_sent_at: dt.datetime
+    last_sent_at: Instant
 
 
 class _IdleLine(_Model):
@@ -192,16 +213,17 @@ class ReportOut(_Model):
     ``measured_until`` is min(until, now): nothing after it is counted.
     """
 
-    since: dt.datetime
-    until: dt.datetime
-    measured_until: dt.datetime
-    generated_at: dt.datetime
+    since: Instant
+    until: Instant
+    measured_until: Instant
+    generated_at: Instant
     currency: str
     revenue: ReportRevenue
     revenue_by_account: list[ReportRevenueByAccount]
     revenue_by_gpu_type: list[ReportRevenueByGpuType]
     revenue_by_tier: list[ReportRevenueByTier]
     revenue_by_day: list[ReportRevenueByDay]
+    storage_by_account: list[ReportStorageByAccount] = Field(description="Account storage charged in the window, per account")
     adjustments: ReportAdjustments
     gpu_seconds_sold: int
     gpu_hours_sold: str

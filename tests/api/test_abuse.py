@@ -10,6 +10,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.services import TENANT_PREFIX
 from billing import passes
 from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
@@ -19,7 +20,6 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import parse_delimited, parse_gres
 from tests.conftest import bearer, create_app_for_tests, sacct_row, slurm_cmd, utc, wait_for
 from tests.support.sacct_dumps import as_pass_output
-from tests.support.services import TENANT_PREFIX
 
 HELLO = {"template": "hello", "params": {"message": "share", "seconds": 0}}
 

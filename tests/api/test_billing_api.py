@@ -11,6 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.services import TENANT_PREFIX
 from billing import passes
 from billing.calendar import next_month_start, period_of
 from billing.prices import set_price
@@ -20,7 +21,6 @@ from gpupool.config import Settings
 from gpupool.models import Account, Job
 from tests.conftest import SUITE_NOW, bearer, new_uuid
 from tests.support.sacct_dumps import as_pass_output
-from tests.support.services import TENANT_PREFIX
 
 pytestmark = pytest.mark.calendar
 # The fixture bills the month the API's clock is in, so "this month" is the invoice's month.

@@ -30,6 +30,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from api.event_schemas import validate_event
+from bench.support.services import create_database, drop_database
+from bench.support.tenancy import TENANT_PREFIX, sbatch_as_tenant
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.db import utcnow
@@ -51,8 +53,6 @@ from tests.conftest import (
     wait_for_state,
 )
 from tests.support.gpu_exporter import FakeNodeExporter, serve_exporter
-from tests.support.services import create_database, drop_database
-from tests.support.tenancy import TENANT_PREFIX, sbatch_as_tenant
 
 NODE = "vm"
 WINDOW_MIN, THRESHOLD_PCT, GRACE_MIN = 3, 5, 2

@@ -11,11 +11,11 @@ from flask.testing import FlaskClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.services import add_account_row, throwaway_slurm_account
 from gpupool.config import Settings
 from gpupool.models import Account, Job
 from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, slurm_cmd
-from tests.support.services import add_account_row, throwaway_slurm_account
 
 CAP = 2
 # Long enough to stay in the queue for the whole test; the account's jobs are cancelled afterwards.

@@ -5,10 +5,10 @@ from __future__ import annotations
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.services import add_account_row, throwaway_slurm_account
 from gpupool.config import Settings
 from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, slurm_cmd
-from tests.support.services import add_account_row, throwaway_slurm_account
 
 SPOT_HELLO = {"template": "hello", "gpus": 1, "params": {"seconds": 0}, "preemptible": True}
 

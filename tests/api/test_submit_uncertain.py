@@ -17,10 +17,10 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.tenancy import runas_helper
 from gpupool.config import Settings
 from gpupool.slurm.client import SlurmClient
 from tests.conftest import bearer, create_app_for_tests, new_uuid, slurm_cmd, wait_for
-from tests.support.tenancy import runas_helper
 
 LOST_REPLY = "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"
 # Run as the tenant. After the seconds in its folder's delay_s (0: at once) the real sbatch takes

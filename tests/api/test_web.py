@@ -20,6 +20,7 @@ from sqlalchemy.orm import sessionmaker
 from werkzeug.http import parse_date
 from werkzeug.test import TestResponse
 
+from bench.support.services import TENANT_PREFIX
 from billing import passes
 from billing.calendar import period_of
 from billing.prices import set_price
@@ -30,7 +31,6 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.tokens import revoke_token
 from tests.conftest import SUITE_NOW, bearer, create_app_for_tests, recorded_token, wait_for
 from tests.support.sacct_dumps import as_pass_output
-from tests.support.services import TENANT_PREFIX
 
 SCRIPT_NAME = "<script>alert(1)</script>"
 # The billed fixture bills this past month; the pages are asked for it by name.

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from api import create_app
+from bench.support.tenancy import sbatch_as_tenant
 from billing.calendar import period_of
 from gpupool.clock import FrozenClock
 from gpupool.errors import CommandFailed
@@ -25,7 +26,6 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.conftest import SUITE_NOW, bearer, slurm_cmd, throwaway_slurm_account, wait_for
-from tests.support.tenancy import sbatch_as_tenant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 DAEMON = Path("/usr/local/sbin/gpupool-daemon")

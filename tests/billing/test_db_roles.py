@@ -24,6 +24,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from api import create_app
+from bench.support.http import free_port
+from bench.support.services import PG_ADMIN_URL, add_account_row, drop_database, throwaway_slurm_account
 from billing import passes
 from billing.alerts import set_alert_settings
 from billing.report.idle import idle_rows
@@ -60,9 +62,7 @@ from tests.billing.conftest import (
 from tests.billing.test_ledger import dump, replay_ok, row
 from tests.conftest import SUITE_NOW, base_settings, bearer, wait_for_state
 from tests.support.gpu_exporter import serve_exporter
-from tests.support.http import free_port
 from tests.support.receiver import serve_smtp, serve_webhooks
-from tests.support.services import PG_ADMIN_URL, add_account_row, drop_database, throwaway_slurm_account
 
 APPEND_ONLY = "ledger_entries is append-only"
 PERMISSION_DENIED = "42501"  # PostgreSQL's insufficient_privilege

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bench.support.tenancy import sbatch_as_tenant
 from billing.money import format_nanos, round_to_cents
 from billing.report import build_report, energy_nanos, gpu_hours, overlap_s
 from gpupool.slurm.client import SlurmClient
@@ -17,7 +18,6 @@ from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time
 from gpupool.slurm.report import parse_sreport_utilization
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.conftest import slurm_cmd, throwaway_slurm_account, wait_for
-from tests.support.tenancy import sbatch_as_tenant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 NODE_PRICE, NODE_WATTS, KWH_PRICE = "2400", 1800, "0.15"
@@ -151,8 +151,8 @@ def test_utilization_agrees_with_sreport_over_rolled_up_hours(pg_ledger: LedgerD
         assert rolled.allocated + rolled.down + rolled.planned_down + rolled.idle + rolled.planned == rolled.reported
         with pg_ledger.sessions() as session:
             report = build_report(session, slurm, pg_ledger.settings, start, end, now)
-        assert report.utilization["allocated_gpu_seconds"] == rolled.allocated, (start, rolled)
-        assert report.utilization["available_gpu_seconds"] == rolled.reported - rolled.down - rolled.planned_down, (start, rolled)
+        assert report.utilization.allocated_gpu_seconds == rolled.allocated, (start, rolled)
+        assert report.utilization.available_gpu_seconds == rolled.reported - rolled.down - rolled.planned_down, (start, rolled)
         compared += 1
     if compared == 0:
         pytest.skip(f"slurmdbd has rolled up no whole hour with GPUs before {this_hour:%H:%M} UTC yet (fresh cluster); compared nothing")

@@ -17,6 +17,7 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
 from billing import passes
+from billing.report import build_report, cents_text
 from billing.sacct import PASS_FIELDS
 from billing.usage import usage
 from gpupool.config import Settings
@@ -24,6 +25,7 @@ from gpupool.models import StorageCharge, StorageSample
 from gpupool.proc import CommandResult
 from gpupool.slurm.client import SlurmClient
 from tests.billing.conftest import LedgerDb
+from tests.billing.test_report_invoices import NoCluster
 
 GIB = 1024**3
 
@@ -117,6 +119,12 @@ def test_storage_is_charged_by_the_hour_at_what_the_pass_before_saw_and_invoiced
         shown = usage(session, "acme", "2026-11", "USD", utc("2026-11-01T02:00:00"))
     assert shown["charges"] == "0.12" and shown["total"] == "0.12"
     assert shown["storage_billed"] == {"byte_seconds": 1000 * GIB * 4200, "gib_hours": "1166.667", "amount": "0.116666666"}
+    # The operator report's month says what the invoices say: storage apart, and in the net.
+    with ledger_db.sessions() as session:
+        report = build_report(session, NoCluster(), ledger_db.settings, utc("2026-11-01T00:00:00"), utc("2026-12-01T00:00:00"),
+                              utc("2026-12-02T00:00:00"))  # type: ignore[arg-type]
+    assert (cents_text(report.revenue.storage), cents_text(report.revenue.net)) == ("0.12", "0.12")
+    assert [(line.account, line.gib_hours, cents_text(line.amount)) for line in report.storage_by_account] == [("acme", "1166.667", "0.12")]
 
 
 def test_storage_is_free_until_priced_and_a_price_cannot_rewrite_what_is_billed(ledger_db: LedgerDb) -> None:

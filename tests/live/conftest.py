@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.http import as_service_user_argv, free_port, http
+from bench.support.services import TENANT_PREFIX, create_database, drop_database
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.slurm.client import SlurmClient
 from tests.conftest import JWT_SECRET, REDIS_URL, REPO, base_settings, throwaway_slurm_account
-from tests.support.http import as_service_user_argv, free_port, http
-from tests.support.services import TENANT_PREFIX, create_database, drop_database
 
 BIN = Path(sys.executable).parent
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
+from bench.support.http import http
+from bench.support.services import TENANT_PREFIX
 from billing import passes
 from billing.prices import set_price
 from billing.sacct import SACCT_FIELDS
@@ -28,9 +30,7 @@ from gpupool.config import Settings
 from gpupool.models import Account, Job
 from tests.conftest import REPO, base_settings, recorded_token, wait_for
 from tests.live.conftest import Server
-from tests.support.http import http
 from tests.support.sacct_dumps import as_pass_output
-from tests.support.services import TENANT_PREFIX
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.chrome.options import Options  # noqa: E402

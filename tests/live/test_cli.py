@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.services import TENANT_PREFIX
+from bench.support.tenancy import SERVICE_USER
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.tokens import verify_token
 from tests.conftest import JWT_SECRET, REPO, base_settings, slurm_cmd
-from tests.support.services import TENANT_PREFIX
-from tests.support.tenancy import SERVICE_USER
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 

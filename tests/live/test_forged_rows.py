@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from bench.support.http import http
+from bench.support.services import TENANT_PREFIX
+from bench.support.tenancy import sbatch_as_tenant
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.models import SlurmSync
 from gpupool.proc import run_command
 from tests.conftest import recorded_token, slurm_cmd, wait_for
 from tests.live.conftest import Server
-from tests.support.http import http
-from tests.support.services import TENANT_PREFIX
-from tests.support.tenancy import sbatch_as_tenant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

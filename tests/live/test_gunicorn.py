@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from bench.support.http import counting_bin_dir, slurm_calls
+from bench.support.services import PG_ADMIN_URL
 from gpupool import db
 from gpupool.config import Settings
 from tests.conftest import REDIS_URL, REPO, base_settings, recorded_token, slurm_cmd, wait_for
 from tests.live.conftest import Server, http
-from tests.support.http import counting_bin_dir, slurm_calls
-from tests.support.services import PG_ADMIN_URL
 
 HELLO = {"template": "hello", "gpus": 1, "params": {"message": "hi", "seconds": 0}}
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from bench.support.services import TENANT_PREFIX, cancel_account_jobs
+from bench.support.tenancy import runas_helper
 from gpupool.config import Settings
 from gpupool.errors import RunasUnavailable, TenantError
 from gpupool.render import JobSpec, RenderedJob, render
@@ -39,8 +41,6 @@ from tests.conftest import (
     wait_for,
 )
 from tests.live.conftest import Server, http
-from tests.support.services import TENANT_PREFIX, cancel_account_jobs
-from tests.support.tenancy import runas_helper
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

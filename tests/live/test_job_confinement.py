@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.services import TENANT_PREFIX
+from bench.support.tenancy import sbatch_as_tenant
 from billing.calendar import period_of
 from gpupool.errors import CommandFailed
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time
 from tests.billing.conftest import LedgerDb, pg_ledger  # noqa: F401 (pg_ledger: a fixture)
 from tests.conftest import slurm_cmd, throwaway_slurm_account, wait_for
-from tests.support.services import TENANT_PREFIX
-from tests.support.tenancy import sbatch_as_tenant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.http import as_service_user_argv
+from bench.support.services import TENANT_PREFIX
+from bench.support.tenancy import SERVICE_USER
 from gpupool.config import Settings
 from gpupool.proc import CommandResult, run_command
 from tests.conftest import recorded_token, wait_for
 from tests.live.conftest import Server, http
-from tests.support.http import as_service_user_argv
-from tests.support.services import TENANT_PREFIX
-from tests.support.tenancy import SERVICE_USER
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

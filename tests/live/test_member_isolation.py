@@ -30,6 +30,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.services import TENANT_PREFIX, slurm_cmd, throwaway_member_user, throwaway_slurm_account
 from billing.calendar import period_of
 from billing.money import format_nanos
 from billing.prices import set_price
@@ -40,7 +41,6 @@ from gpupool.slurm.parse import parse_delimited
 from gpupool.slurm.tenants import Tenant
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb, pg_ledger  # noqa: F401 (pg_ledger: a fixture)
 from tests.conftest import SUITE_NOW, bearer, create_app_for_tests, wait_for, wait_for_state
-from tests.support.services import TENANT_PREFIX, slurm_cmd, throwaway_member_user, throwaway_slurm_account
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

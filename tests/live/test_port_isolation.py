@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.support.tenancy import ensure_service_user
 from gpupool.config import Settings
 from gpupool.slurm.tenants import Tenant, ensure_tenant_user, remove_tenant_user
-from tests.support.tenancy import ensure_service_user
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="switches to tenant uids; needs root"),

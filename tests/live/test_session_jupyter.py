@@ -26,6 +26,7 @@ import pytest
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 
+from bench.support.services import TENANT_PREFIX
 from gpupool.config import Settings
 from gpupool.proc import run_command
 from tests.conftest import REPO, recorded_token, wait_for
@@ -33,7 +34,6 @@ from tests.live import test_browser, test_sessions
 from tests.live.conftest import Server, http
 from tests.live.test_browser import sign_in
 from tests.live.test_sessions import Proxy
-from tests.support.services import TENANT_PREFIX
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # Fixtures of the modules next door: headless Chromium, and the API with nginx in front.

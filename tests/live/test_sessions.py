@@ -35,6 +35,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy import text
 
+from bench.support.http import as_service_user_argv, free_port
+from bench.support.services import TENANT_PREFIX, cancel_account_jobs, slurm_cmd
+from bench.support.tenancy import ensure_service_user
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.proc import run_command
@@ -44,9 +47,6 @@ from tests.conftest import recorded_token, sacct_row, wait_for
 from tests.live import test_browser
 from tests.live.conftest import Server, http
 from tests.support.gpu_exporter import serve_exporter
-from tests.support.http import as_service_user_argv, free_port
-from tests.support.services import TENANT_PREFIX, cancel_account_jobs, slurm_cmd
-from tests.support.tenancy import ensure_service_user
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # Headless Chromium, from the browser tests next door.

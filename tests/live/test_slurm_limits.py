@@ -19,13 +19,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.support.services import TENANT_PREFIX
 from billing.calendar import period_of
 from gpupool.config import Settings
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import parse_delimited
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb, pg_ledger  # noqa: F401 (pg_ledger: a fixture)
 from tests.conftest import SUITE_NOW, slurm_cmd, throwaway_slurm_account, wait_for
-from tests.support.services import TENANT_PREFIX
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

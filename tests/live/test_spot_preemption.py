@@ -25,6 +25,14 @@ from gpupool_client import verify_signature
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.services import (
+    TENANT_PREFIX,
+    add_account_row,
+    cancel_account_jobs,
+    slurm_cmd,
+    throwaway_slurm_account,
+)
+from bench.support.tenancy import sbatch_as_tenant
 from billing import passes
 from billing.calendar import period_of
 from billing.money import format_nanos
@@ -37,14 +45,6 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.webhooks.sender import WebhookSender
 from tests.conftest import bearer, wait_for
 from tests.support.receiver import WebhookReceiver, serve_webhooks
-from tests.support.services import (
-    TENANT_PREFIX,
-    add_account_row,
-    cancel_account_jobs,
-    slurm_cmd,
-    throwaway_slurm_account,
-)
-from tests.support.tenancy import sbatch_as_tenant
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -25,15 +25,15 @@ from typing import Any
 
 import pytest
 
+from bench.support.http import http
+from bench.support.services import TENANT_PREFIX, throwaway_member_user
+from bench.support.tenancy import SERVICE_USER
 from gpupool.config import Settings
 from gpupool.slurm.client import SlurmClient
 from gpupool.storage.volumes import volume_usage
 from tests.conftest import base_settings, recorded_token, wait_for
 from tests.live.conftest import Server, launch_gunicorn, live_env, stop_gunicorn
-from tests.support.http import http
-from tests.support.services import TENANT_PREFIX, throwaway_member_user
 from tests.support.storage import account_volumes, storage_helper, storage_root_for_tests
-from tests.support.tenancy import SERVICE_USER
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

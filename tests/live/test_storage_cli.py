@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.services import TENANT_PREFIX
+from bench.support.tenancy import SERVICE_USER
 from gpupool.config import load_settings
 from gpupool.storage.volumes import SHARED_DEFAULT_ACL, remove_volume, volume_usage
 from tests.conftest import JWT_SECRET, REPO, slurm_cmd
-from tests.support.services import TENANT_PREFIX
 from tests.support.storage import storage_root_for_tests
-from tests.support.tenancy import SERVICE_USER
 
 pytestmark = [pytest.mark.cluster]
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.tenancy import TENANT_PREFIX, sbatch_as_tenant
 from gpupool.slurm.client import SlurmClient
 from tests.conftest import REPO, base_settings, slurm_cmd, throwaway_slurm_account, wait_for
 from tests.live.conftest import free_port
 from tests.support.gpu_exporter import serve_metrics
-from tests.support.tenancy import TENANT_PREFIX, sbatch_as_tenant
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 DCGM_SCRAPE = REPO / "tests" / "unit" / "fixtures" / "dcgm_exporter_vm.prom"

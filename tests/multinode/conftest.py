@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.services import TENANT_PREFIX, throwaway_slurm_account
+from bench.support.services import cancel_account_jobs as cancel_jobs_of
+from bench.support.tenancy import runas_helper
 from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.proc import run_command
@@ -31,9 +34,6 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import parse_delimited
 from tests.cluster.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import REPO, base_settings
-from tests.support.services import TENANT_PREFIX, throwaway_slurm_account
-from tests.support.services import cancel_account_jobs as cancel_jobs_of
-from tests.support.tenancy import runas_helper
 
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
 MULTINODE_SLURM_CONF = "/etc/gpupool-multinode/mn-ctl/slurm/slurm.conf"

@@ -28,8 +28,8 @@ import pytest
 import yaml
 from gpupool_client import verify_signature
 
+from bench.support.services import wait_for
 from tests.support.receiver import Delivery, serve_smtp, serve_webhooks
-from tests.support.services import wait_for
 
 from .conftest import INVENTORY, Cluster, PlaybookRun, Server, boot
 

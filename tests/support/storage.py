@@ -8,12 +8,12 @@ from pathlib import Path
 
 from sqlalchemy import update
 
+from bench.support.tenancy import root_for_tests, runas_helper
 from gpupool import db
 from gpupool.config import Settings
 from gpupool.models import Account
 from gpupool.slurm.tenants import lookup_tenant
 from gpupool.storage.volumes import ensure_volume, remove_volume
-from tests.support.tenancy import root_for_tests, runas_helper
 
 
 def storage_root_for_tests() -> AbstractContextManager[Path]:

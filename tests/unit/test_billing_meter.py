@@ -6,12 +6,12 @@ import datetime as dt
 
 import pytest
 
+from bench.support.metering import meter
 from billing.credits import failed_node_credits
 from billing.meter import Billed, LedgerRow, RunKey
 from billing.price_book import PriceBook
 from billing.sacct import JobRun
 from gpupool.errors import PriceMissing
-from tests.support.metering import meter
 
 
 def utc(text: str) -> dt.datetime:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.metering import parse_runs
 from billing.sacct import SACCT_FIELDS, DumpRefused, JobRun, RunReader, Tenancy, detect_delimiter
 from gpupool.slurm.parse import ParseError
-from tests.support.metering import parse_runs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sacct"
 

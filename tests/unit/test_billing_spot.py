@@ -12,11 +12,11 @@ import datetime as dt
 
 import pytest
 
+from bench.support.metering import meter, parse_runs
 from billing.meter import Billed, LedgerRow, RunKey
 from billing.price_book import NORMAL_TIER, SPOT_TIER, PriceBook
 from billing.sacct import PASS_FIELDS, SACCT_FIELDS
 from gpupool.errors import PriceMissing
-from tests.support.metering import meter, parse_runs
 
 
 def utc(text: str) -> dt.datetime:

@@ -6,9 +6,9 @@ import datetime as dt
 
 import pytest
 
+from bench.support.metering import parse_runs
 from billing.sacct import XDMOD_FIELDS, DumpRefused, Tenancy
 from gpupool.slurm.parse import ParseError, expand_hostlist, parse_elapsed
-from tests.support.metering import parse_runs
 
 # Open XDMoD's shredder format (26 fields, no header), two lines in its shape.
 XDMOD_LINES = (

@@ -15,12 +15,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.tenancy import TENANT_PREFIX
 from gpupool import db
 from gpupool.models import Account
 from gpupool.proc import run_command
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.tenants import Tenant, ensure_member_user, ensure_tenant_user, remove_member_user, remove_tenant_user
-from tests.support.tenancy import TENANT_PREFIX
 
 PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
