@@ -9,8 +9,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,14 @@ def gunicorn(env_info: dict[str, Any], *, workers: int, threads: int = 1, **sett
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
+
+def run_workers(worker: Callable[[], None], concurrency: int) -> float:
+    """Seconds for ``concurrency`` threads to run ``worker`` to its end, started together."""
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench._harness import REPO, bench_env, gunicorn, http, median, require_wrk, slurm, table
+from bench._harness import REPO, bench_env, gunicorn, http, median, require_wrk, run_workers, slurm, table
 from bench.submit import burst_seconds, raw_sbatch
 from bench.support.services import add_account_row, throwaway_slurm_account
 from billing.passes import run_pass
@@ -98,13 +98,7 @@ def sustained_rate(action: Callable[[], None], seconds: float, concurrency: int)
             with lock:
                 count[0] += 1
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return count[0] / (time.perf_counter() - started)
+    return count[0] / run_workers(worker, concurrency)
 
 
 def wrk_rate(url: str, token: str, job_id: str) -> float:

@@ -40,7 +40,7 @@ from typing import Any
 
 from sqlalchemy import text, update
 
-from bench._harness import bench_env, gunicorn, median, percentile, slurm, table
+from bench._harness import bench_env, gunicorn, median, percentile, run_workers, slurm, table
 from bench._profile import (
     HELPER_BUSY,
     HELPER_GROUPS,
@@ -236,13 +236,7 @@ def burst_seconds(action: Action, jobs: int, concurrency: int) -> float:
                 remaining[0] -= 1
             action()
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return time.perf_counter() - started
+    return run_workers(worker, concurrency)
 
 
 def throughput(action: Action, jobs: int, concurrency: int) -> float:
