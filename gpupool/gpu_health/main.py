@@ -1,6 +1,6 @@
 """``gpupool-gpu-check``: Slurm's HealthCheckProgram on every GPU node.
 
-    gpupool-gpu-check [--config /etc/gpupool/gpu-check.json] [--dry-run]
+    gpupool-gpu-check [--config /etc/slurm/gpupool-gpu-check.json] [--dry-run]
 
 Runs as root (slurmd's user) every HealthCheckInterval. A healthy node: prints
 nothing and exits 0. Warnings: printed, exit 0. A failing verdict: the node is
@@ -30,7 +30,7 @@ from gpupool.gpu_health.probe import gather
 from gpupool.gpu_health.state import CheckState, exclusive_run, load_state, save_state
 from gpupool.proc import run_command
 
-DEFAULT_CONFIG = "/etc/gpupool/gpu-check.json"
+DEFAULT_CONFIG = "/etc/slurm/gpupool-gpu-check.json"
 CONFIG_ENV = "GPUPOOL_GPU_CHECK_CONFIG"
 EXIT_DRAINED, EXIT_BROKEN = 1, 2
 # Slurm keeps a node's reason whole, but sinfo and squeue cut it; the first cause fits.
@@ -61,8 +61,8 @@ class CheckConfig:
         return Thresholds(self.temperature_warn_c, self.temperature_drain_c, self.throttle_drain_after_checks)
 
     def resolved_node_name(self) -> str:
-        """The Slurm node name: the config's, else the one slurmd passes, else the short host name."""
-        return self.node_name or os.environ.get("SLURMD_NODENAME", "") or socket.gethostname().split(".")[0]
+        """The Slurm node name: the one slurmd passes its health check, else the config's, else the short host name."""
+        return os.environ.get("SLURMD_NODENAME", "") or self.node_name or socket.gethostname().split(".")[0]
 
 
 class ConfigUnreadable(Exception):

@@ -454,3 +454,18 @@ def test_the_check_needs_only_the_files_the_playbook_copies_and_the_standard_lib
 
     assert outside == set()
 
+def test_the_playbook_copies_every_file_of_the_check() -> None:
+    tasks = (REPO / "deploy" / "ansible" / "roles" / "slurm_compute" / "tasks" / "gpu_check.yml").read_text()
+
+    assert {relative for relative in COPIED if relative in tasks} == COPIED
+
+
+def test_the_node_name_slurmd_passes_its_health_check_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = Node(tmp_path)
+    (tmp_path / "gres.conf").write_text(f"NodeName=gpu7 Name=gpu File={tmp_path}/nvidia[0-1]\n")
+    node.devices[0].unlink()
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu7")
+
+    node.run()
+
+    assert node.scontrol_updates()[0].startswith("update nodename=gpu7 state=drain")
