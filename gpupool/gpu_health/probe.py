@@ -125,7 +125,8 @@ def gather(
     facts = Facts(
         promised_devices=promised,
         missing_devices=missing,
-        nvidia_smi=run_nvidia_smi(nvidia_smi, nvidia_smi_timeout_s),
+        # A node gres.conf promises no GPU (a CPU node) is not judged by what nvidia-smi says.
+        nvidia_smi=run_nvidia_smi(nvidia_smi, nvidia_smi_timeout_s) if promised or gres_error else NvidiaSmiResult(missing=True),
         xid_events=xid_events(record.message for record in records),
         gres_conf_error=gres_error,
     )

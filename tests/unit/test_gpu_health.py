@@ -331,6 +331,16 @@ def test_a_healthy_node_exits_0_and_leaves_slurm_alone(tmp_path: Path, capsys: p
     assert capsys.readouterr().err == ""
 
 
+def test_a_node_gres_conf_promises_no_gpu_is_not_judged_by_nvidia_smi(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    (tmp_path / "gres.conf").write_text("NodeName=gpu2 Name=gpu File=/dev/nvidia[0-1]\n")
+    node.smi_output.write_text("No devices were found\n")
+    stand_in(tmp_path / "nvidia-smi", f"cat {node.smi_output}\nexit 6\n")
+
+    assert node.run() == 0
+    assert node.scontrol_updates() == []
+
+
 def test_a_lost_gpu_drains_the_node_through_scontrol_with_the_gpu_reason(tmp_path: Path) -> None:
     node = Node(tmp_path)
     node.kernel_log.write_text((FIXTURES / "kmsg-xid.txt").read_text())
