@@ -10,6 +10,7 @@ journald or syslog in between (a node may have neither, or keep no kernel lines)
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,10 +33,33 @@ def query_argv(nvidia_smi: str, fields: Sequence[str] = QUERY_FIELDS) -> list[st
     return [nvidia_smi, f"--query-gpu={','.join(fields)}", "--format=csv"]
 
 
+def unsafe_to_run(path: str) -> str | None:
+    """Why root must not run ``path``: it, or a folder above it, can be changed by another user."""
+    euid = os.geteuid()
+    current = os.path.realpath(path)
+    while True:
+        info = os.stat(current)
+        sticky_folder = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX
+        if info.st_uid not in (0, euid):
+            return f"{current} belongs to uid {info.st_uid}"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_folder:
+            return f"{current} is writable by others"
+        if current == os.path.dirname(current):
+            return None
+        current = os.path.dirname(current)
+
+
 def run_nvidia_smi(nvidia_smi: str, timeout_s: float) -> NvidiaSmiResult:
-    """The query's output, or that it timed out or is not installed; a refused field is asked again without it."""
+    """The query's output, or that it timed out or is not installed; a refused field is asked again without it.
+
+    The check runs as root and the nvidia-smi path is a setting: a program another user could
+    replace is never run (the node drains, saying why), as sudo refuses such a secure_path.
+    """
     if not os.path.exists(nvidia_smi):
         return NvidiaSmiResult(missing=True)
+    unsafe = unsafe_to_run(nvidia_smi)
+    if unsafe is not None:
+        return NvidiaSmiResult(stderr=f"not run: {unsafe}", returncode=126)
     result = _query(nvidia_smi, QUERY_FIELDS, timeout_s)
     if result.returncode != 0 and "not a valid field" in (result.stdout + result.stderr).lower():
         result = _query(nvidia_smi, BASIC_QUERY_FIELDS, timeout_s)

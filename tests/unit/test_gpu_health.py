@@ -271,6 +271,20 @@ def test_a_hung_nvidia_smi_is_timed_out_into_a_drain(tmp_path: Path) -> None:
     assert verdict.drain_reason == "gpu: nvidia-smi hung (no answer within its timeout)"
 
 
+def test_an_nvidia_smi_others_could_replace_is_never_run(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    smi = stand_in(tmp_path / "nvidia-smi", f"touch {ran}\n")
+    smi.chmod(0o777)
+
+    result = probe.run_nvidia_smi(str(smi), timeout_s=10)
+
+    assert not ran.exists()
+    assert result.stderr == f"not run: {smi} is writable by others"
+    assert (judge(Facts(devices(1), [], result), Thresholds()).drain_reason or "").startswith(
+        "gpu: nvidia-smi failed (exit 126: not run: "
+    )
+
+
 def test_a_driver_that_refuses_the_row_remapping_fields_is_asked_without_them(tmp_path: Path) -> None:
     smi = stand_in(tmp_path / "nvidia-smi", (
         'case "$1" in *remapped_rows*) echo \'Field "remapped_rows.pending" is not a valid field to query.\'; exit 2;; esac\n'
