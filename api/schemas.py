@@ -494,7 +494,7 @@ class AuditOut(BaseModel):
     address: str | None = Field(description="The client's address as the API saw it")
     action: str = Field(description="key.create, key.revoke, member.set, member.remove, alerts.set, webhook.create, "
                         "webhook.delete, job.cancel, task.cancel, signin, signout, or an operator's account.*, token.*, "
-                        "price.set, adjustment.add, idle_policy.*, member.user")
+                        "price.set, adjustment.add, idle_policy.*, member.user, node.drain, node.resume")
     target: str | None
     details: dict[str, Any] | None = Field(description="What was asked for: scope, role, limits, thresholds; never a secret")
 

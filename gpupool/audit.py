@@ -17,7 +17,8 @@ Actions (``target`` in brackets):
 - ``signin``, ``signout`` [web session]
 - operators: ``account.create``, ``account.set``, ``account.disable``, ``account.enable``,
   ``token.create`` [token id], ``token.revoke`` [token id], ``price.set`` [GPU type],
-  ``adjustment.add``, ``idle_policy.set``, ``idle_policy.delete`` [scope name]
+  ``adjustment.add``, ``idle_policy.set``, ``idle_policy.delete`` [scope name],
+  ``node.drain``, ``node.resume`` [Slurm node name]
 
 ``details`` holds what was asked for (scope, role, limits, thresholds, URL),
 never a secret.
@@ -49,6 +50,7 @@ ACCOUNT_DISABLE, ACCOUNT_ENABLE = "account.disable", "account.enable"
 TOKEN_CREATE, TOKEN_REVOKE = "token.create", "token.revoke"
 PRICE_SET, ADJUSTMENT_ADD = "price.set", "adjustment.add"
 IDLE_POLICY_SET, IDLE_POLICY_DELETE = "idle_policy.set", "idle_policy.delete"
+NODE_DRAIN, NODE_RESUME = "node.drain", "node.resume"
 
 VIA_TOKEN, VIA_KEY, VIA_PAGE, VIA_CLI = "token", "key", "page", "cli"
 MAX_PAGE = 500

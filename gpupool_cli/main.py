@@ -33,6 +33,7 @@ from gpupool_cli.audit_cmds import add_audit_parsers
 from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool_cli.idle_cmds import add_idle_parsers
 from gpupool_cli.member_cmds import add_member_parsers, migrate_members, print_migrated
+from gpupool_cli.node_cmds import add_node_parsers
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
 from gpupool_cli.storage_cmds import EXIT_STORAGE_FAILED, add_storage_parsers, apply_volume, check_growth, storage_size
@@ -253,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_member_parsers(sub, _account_name)
     add_webhook_parsers(sub)
     add_email_parsers(sub)
-    add_report_parsers(sub)
+    add_node_parsers(add_report_parsers(sub))
     add_session_parsers(sub)
     add_idle_parsers(sub)
     add_audit_parsers(sub)

@@ -82,7 +82,8 @@ def cmd_node_cost_list(settings: Settings, _args: argparse.Namespace) -> int:
     return 0
 
 
-def add_report_parsers(sub: argparse._SubParsersAction) -> None:
+def add_report_parsers(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Adds ``report`` and ``node cost``; returns ``node``'s subcommands, which gpupool_cli.node_cmds adds to."""
     report = sub.add_parser("report", help="revenue, utilization, queue wait and payback for a month or a range")
     report.add_argument("--period", type=period_argument, help="UTC month YYYY-MM (default: this month)")
     report.add_argument("--since", type=parse_utc, help="range start (ISO 8601, UTC unless given)")
@@ -90,7 +91,7 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--format", choices=("table", "csv", "json"), default="table")
     report.set_defaults(handler=cmd_report)
 
-    node = sub.add_parser("node", help="what each node cost, for the report's payback").add_subparsers(
+    node = sub.add_parser("node", help="nodes: their cost for the report's payback; drain and resume").add_subparsers(
         dest="node_command", required=True
     )
     cost = node.add_parser("cost", help="hardware cost per node").add_subparsers(dest="cost_command", required=True)
@@ -101,3 +102,4 @@ def add_report_parsers(sub: argparse._SubParsersAction) -> None:
     cost_set.add_argument("--watts", required=True, type=_watts, help="average power draw of the whole node, in watts")
     cost_set.set_defaults(handler=cmd_node_cost_set)
     cost.add_parser("list", help="every node's cost").set_defaults(handler=cmd_node_cost_list)
+    return node

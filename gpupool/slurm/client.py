@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gpupool.config import Settings
-from gpupool.errors import CommandFailed, SlurmRejected, SlurmUnavailable, SubmissionUncertain
+from gpupool.errors import CommandFailed, NotFound, SlurmRejected, SlurmUnavailable, SubmissionUncertain
 from gpupool.metrics import observe_slurm_commands
 from gpupool.proc import CommandResult, Runner, minimal_env, run_command
 from gpupool.render import SPOT_QOS
@@ -45,10 +45,12 @@ from gpupool.slurm.report import (
     Allocation,
     NodeEvent,
     NodeGpuCapacity,
+    NodeStatus,
     PendingJob,
     parse_allocations,
     parse_node_events,
     parse_node_gpus,
+    parse_node_status,
     parse_pending,
 )
 from gpupool.slurm.runas.actions import TenantActions, tenant_actions
@@ -614,6 +616,23 @@ class SlurmClient:
             ],
         )
         return self._parsed("sacctmgr", parse_node_events, result.stdout)
+
+    def node_status(self, node: str) -> NodeStatus:
+        """One node's state and reason; NotFound when Slurm has no node of that name."""
+        result = self._command("scontrol", ["--oneliner", "show", "node", node], check=False)
+        if result.returncode != 0 and "not found" in (result.stdout + result.stderr).lower():
+            raise NotFound(f"Slurm has no node {node}")
+        if result.returncode != 0:
+            raise CommandFailed(result.argv, result.returncode, result.stderr)
+        return self._parsed("scontrol", parse_node_status, result.stdout)
+
+    def drain_node(self, node: str, reason: str) -> None:
+        """No new jobs on the node; those running finish. Slurm shows the reason (sinfo -R, scontrol show node)."""
+        self._command("scontrol", ["update", f"nodename={node}", "state=drain", f"reason={reason}"])
+
+    def resume_node(self, node: str) -> None:
+        """A drained or down node back in service (Slurm clears its reason)."""
+        self._command("scontrol", ["update", f"nodename={node}", "state=resume"])
 
     def pending_jobs(self) -> list[PendingJob]:
         """Jobs waiting now, of every tenant, with Slurm's reason and the GPUs they ask for."""

@@ -222,3 +222,36 @@ def _seconds(row: dict[str, str], name: str) -> int:
     if value is None:
         raise ParseError(f"sreport {name} is not a number of seconds: {row.get(name)!r}")
     return value
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as ``scontrol --oneliner show node`` prints it: its state flags and the reason it is out, if any."""
+
+    name: str
+    state: str
+    reason: str | None
+
+    @property
+    def out_of_service(self) -> bool:
+        """Drained, draining, down or failed: the states ``scontrol update state=resume`` brings back."""
+        return any(flag.startswith(("DRAIN", "DOWN", "FAIL")) for flag in self.state.split("+"))
+
+
+def parse_node_status(text: str) -> NodeStatus:
+    """``NodeName=gpu1 ... State=IDLE+DRAIN ... Reason=gpu: Xid 79 on 0000:86:00.0 [root@2026-12-04T20:01:13]``.
+
+    Reason is the record's last field and may hold spaces; the ``[user@time]`` Slurm appends is dropped.
+    Other fields hold spaces too (``OS=Linux 6.8.0 #49-Ubuntu ...``), so State= is found as a word.
+    """
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    words = line.split()
+    name = next((w.removeprefix("NodeName=") for w in words if w.startswith("NodeName=")), None)
+    state = next((w.removeprefix("State=") for w in words if w.startswith("State=")), None)
+    if name is None or state is None:
+        raise ParseError(f"no NodeName= or State= in {line[:80]!r}")
+    reason: str | None = None
+    _, found, after = line.partition(" Reason=")
+    if found:
+        reason = after.rsplit(" [", 1)[0].strip() if after.rstrip().endswith("]") else after.strip()
+    return NodeStatus(name=name, state=state, reason=reason or None)

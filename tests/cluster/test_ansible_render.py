@@ -1622,3 +1622,40 @@ def test_compute_nodes_reboot_in_a_rolling_play_between_the_driver_and_slurm(rep
     drain = tasks[names.index("Drain the node for its reboot")]["ansible.builtin.command"]["argv"]
     assert drain[:4] == ["scontrol", "update", "nodename={{ common_reboot_node_name }}", "state=drain"]
     assert drain[4].startswith("reason=gpupool: reboot for ")
+
+
+# --- issue 35: the GPU health check ------------------------------------------------------
+
+
+def test_gpu_nodes_run_the_gpu_health_check_with_the_operators_interval_and_thresholds(repo_root: Path, tmp_path: Path) -> None:
+    render(
+        repo_root / "deploy" / "ansible", tmp_path, *SLURM_FILES,
+        "-e", "slurm_common_health_check_interval_s=120", "-e", "slurm_compute_gpu_check_temperature_drain_c=90",
+    )
+    settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
+    check_config = json.loads((tmp_path / "gpu01" / "etc" / "slurm" / "gpupool-gpu-check.json").read_text())
+    launcher = tmp_path / "gpu01" / "usr" / "local" / "sbin" / "gpupool-gpu-check"
+
+    assert {"HealthCheckProgram=/usr/local/sbin/gpupool-gpu-check", "HealthCheckInterval=120",
+            "HealthCheckNodeState=ANY"} <= set(settings)
+    assert check_config["node_name"] == "gpu01"
+    assert check_config["gres_conf"] == str(tmp_path / "gpu01" / "etc" / "slurm" / "gres.conf")
+    assert (check_config["temperature_warn_c"], check_config["temperature_drain_c"]) == (85.0, 90.0)
+    assert check_config["drain"] is True
+    assert stat.S_IMODE(launcher.stat().st_mode) == 0o755 and launcher.stat().st_uid == 0
+    # The copied modules run on their own under the system's python3: gpu01's four RTX 4090s are
+    # not on this machine, so the check would drain it for the first missing device file.
+    completed = subprocess.run(
+        [str(launcher), "--dry-run"], capture_output=True, text=True, timeout=60, check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert completed.returncode == 1, completed.stderr
+    assert "gpu01: would drain: gpu: /dev/nvidia0 missing (gres.conf names it)" in completed.stderr
+
+
+def test_the_health_check_can_be_left_out_of_slurm_conf(repo_root: Path, tmp_path: Path) -> None:
+    render(repo_root / "deploy" / "ansible", tmp_path, *SLURM_FILES, "-e", "slurm_common_health_check_program=")
+    settings = config_lines((tmp_path / "ctl1" / "etc" / "slurm" / "slurm.conf").read_text())
+
+    assert not [line for line in settings if line.startswith("HealthCheck")]
+    assert not (tmp_path / "gpu01" / "usr" / "local" / "sbin" / "gpupool-gpu-check").exists()
