@@ -25,13 +25,13 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
 
+from bench.support.services import wait_for
 from gpupool import audit, db
 from gpupool.config import Settings
 from gpupool.gpu_health.check import promised_gpu_devices
 from gpupool.slurm.client import SlurmClient
 from gpupool_cli import main as cli_main
 from tests.conftest import wait_for_state
-from tests.support.services import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
