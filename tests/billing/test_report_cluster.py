@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.support.tenancy import sbatch_as_tenant
-from billing.money import format_nanos, round_to_cents
+from billing.money import format_cents, format_nanos, round_to_cents
 from billing.report import build_report, energy_nanos, gpu_hours, overlap_s
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import gpus_by_type, parse_delimited, parse_time
@@ -94,9 +94,10 @@ def test_revenue_gpu_hours_and_queue_wait_match_sacct(pg_ledger: LedgerDb, accou
     assert sorted(sum(gpus_by_type(r["AllocTRES"]).values()) for r in records) == [1, 2]
     report = report_json(pg_ledger, known_jobs["since"], known_jobs["until"])
     (mine,) = [line for line in report["revenue_by_account"] if line["account"] == account]
-    assert mine == {"account": account, "gpu_seconds": gpu_seconds, "amount": format_nanos(gpu_seconds * RTX4090_NANOS)}
-    # To the cent, as an invoice rounds it, in the table an operator reads.
-    cents = round_to_cents(gpu_seconds * RTX4090_NANOS)
+    # Money as the invoice has it: each run's line rounded to the cent, then summed (issue 35).
+    cents = sum(round_to_cents(sum(gpus_by_type(r["AllocTRES"]).values()) * int(r["ElapsedRaw"]) * RTX4090_NANOS) for r in records)
+    assert mine == {"account": account, "gpu_seconds": gpu_seconds, "amount": format_cents(cents)}
+    # The same in the table an operator reads.
     table = pg_ledger.cli("report", "--since", utc_text(known_jobs["since"]), "--until", utc_text(known_jobs["until"]))
     assert f"{account}  {gpu_hours(gpu_seconds)}" in table.stdout and f"{cents // 100}.{cents % 100:02d}" in table.stdout
     assert report["gpu_seconds_sold"] == sum(line["gpu_seconds"] for line in report["revenue_by_account"])
