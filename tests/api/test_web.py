@@ -369,8 +369,8 @@ def test_an_admin_sees_the_report_with_charts(
     assert page.status_code == 200, page.get_data(as_text=True)
     body = page.get_data(as_text=True)
     assert 'id="revenue-by-day"' in body and 'id="utilization-by-node"' in body
-    # 2 x 2 h of rtx4090 at 0.00012/s and 0.5 h of rtx3090 at 0.00007/s.
-    assert f'data-column="{account}" data-value="1.854"' in body
+    # 2 x 2 h of rtx4090 at 0.00012/s and 0.5 h of rtx3090 at 0.00007/s, each invoice line rounded: 1.73 + 0.13.
+    assert f'data-column="{account}" data-value="1.86"' in body
     assert 'id="gpu-hours-sold">4.50<' in body
     # Asked for no window, the report is of the app clock's month, in which nothing was billed.
     assert 'id="gpu-hours-sold">0.00<' in client.get("/ui/admin/report").get_data(as_text=True)

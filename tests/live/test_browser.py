@@ -214,7 +214,8 @@ def test_an_admin_reads_the_report(
     assert browser.find_element(By.TAG_NAME, "h1").text == "Operator report"
     assert browser.find_element(By.ID, "gpu-hours-sold").text == "3.50"
     account_bars = browser.find_elements(By.CSS_SELECTOR, "#revenue-by-account rect.bar")
-    assert [(bar.get_attribute("data-column"), bar.get_attribute("data-value")) for bar in account_bars] == [(slurm_account, "1.422")]
+    # The account's invoice lines, each rounded to the cent: 0.864 -> 0.86, 0.432 -> 0.43, 0.126 -> 0.13.
+    assert [(bar.get_attribute("data-column"), bar.get_attribute("data-value")) for bar in account_bars] == [(slurm_account, "1.42")]
     assert browser.find_elements(By.CSS_SELECTOR, "#revenue-by-day rect.bar")
     assert browser.find_elements(By.CSS_SELECTOR, "#utilization-by-node rect.bar")
     save_screenshot(browser, tmp_path, "report", docs=True)
