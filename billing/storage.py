@@ -52,9 +52,7 @@ def stored_bytes(settings: Settings, account: str) -> int | None:
 
 @dataclass(frozen=True)
 class StorageMetered:
-    sampled: int = 0
     charges: int = 0
-    byte_seconds: int = 0
     amount_nanos: int = 0
     charged_accounts: frozenset[str] = frozenset()
 
@@ -115,38 +113,40 @@ def meter_storage(
     if not settings.storage_root:
         return StorageMetered()
     now = now.replace(microsecond=0)
+    newest = (
+        select(StorageSample.account, func.max(StorageSample.sampled_at).label("sampled_at"))
+        .group_by(StorageSample.account)
+        .subquery()
+    )
     last_samples = {
-        account: last
-        for account, last in session.execute(
-            select(StorageSample.account, func.max(StorageSample.sampled_at)).group_by(StorageSample.account)
+        account: (sampled_at, stored)
+        for account, sampled_at, stored in session.execute(
+            select(StorageSample.account, StorageSample.sampled_at, StorageSample.stored_bytes).join(
+                newest, (newest.c.account == StorageSample.account) & (newest.c.sampled_at == StorageSample.sampled_at)
+            )
         )
     }
     prices = load_storage_prices(session)
     due_after = dt.timedelta(seconds=settings.storage_meter_interval_s)
-    sampled = charges = byte_seconds = amount = 0
+    charges = amount = 0
     charged: set[str] = set()
     for account in session.scalars(select(Account.name).order_by(Account.name)):
         last = last_samples.get(account)
-        if last is not None and now - last < due_after:
+        if last is not None and now - last[0] < due_after:
             continue  # a later pass samples it, so that rows stay few however often passes run
         stored = measure(settings, account)
         if stored is None:
             continue
         session.add(StorageSample(account=account, sampled_at=now, stored_bytes=stored))
-        sampled += 1
         if last is None:
             continue  # its first sample: nothing before it to charge
-        previous = session.get_one(StorageSample, (account, last))
-        rows = storage_charges(pass_id, account, last, now, previous.stored_bytes, prices)
+        rows = storage_charges(pass_id, account, last[0], now, last[1], prices)
         session.add_all(rows)
         charged.add(account)
         charges += len(rows)
-        byte_seconds += sum(row.byte_seconds for row in rows)
         amount += sum(row.amount_nanos for row in rows)
     session.flush()
-    return StorageMetered(
-        sampled=sampled, charges=charges, byte_seconds=byte_seconds, amount_nanos=amount, charged_accounts=frozenset(charged)
-    )
+    return StorageMetered(charges=charges, amount_nanos=amount, charged_accounts=frozenset(charged))
 
 
 def set_storage_price(session: Session, nanos_per_gib_month: int, effective_from: dt.datetime) -> StoragePrice:
