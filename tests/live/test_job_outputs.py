@@ -1,0 +1,163 @@
+"""A job's outputs come back through the API, read as the job's own Unix user: the kernel decides, links stay links.
+
+A real job of the `command` template writes random bytes, a folder and a link
+to /etc/shadow under $GPUPOOL_JOB_DIR/output, as the account's Unix user with
+the job's umask, so the service user itself cannot read them (asserted below).
+gunicorn runs as that service user under no_new_privs and reaches them only
+through the run-as helper's storage agent, run as the job folder's owner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.support.http import http
+from bench.support.tenancy import SERVICE_USER
+from tests.conftest import base_settings, recorded_token, wait_for
+from tests.live.conftest import Server, launch_gunicorn, live_env, stop_gunicorn
+from tests.live.test_storage import as_user, raw_request
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+DATA_BYTES = 300_000
+SCRIPT = (
+    'set -e\n'
+    'out="$GPUPOOL_JOB_DIR/output"\n'
+    'mkdir -p "$out/sub"\n'
+    f'head -c {DATA_BYTES} /dev/urandom > "$out/data.bin"\n'
+    'echo nested > "$out/sub/nested.txt"\n'
+    'ln -s /etc/shadow "$out/shadow"\n'
+    'sha256sum "$out/data.bin" | cut -d" " -f1\n'
+)
+
+
+@pytest.fixture(scope="module")
+def server(live_db: str, job_root: Path, runas_socket: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """gunicorn (threads, as production) as the service user, with the session's run-as helper."""
+    started = launch_gunicorn(
+        tmp_path_factory.mktemp("outputs-gunicorn"), live_env(live_db, job_root, runas_socket), workers=2, as_service=True,
+        extra_args=("--worker-class", "gthread", "--threads", "4"),
+    )
+    yield started
+    stop_gunicorn(started)
+
+
+@pytest.fixture(scope="module")
+def tokens(live_db: str, slurm_account: str, tenant_b: str) -> dict[str, str]:
+    settings = base_settings(database_url=f"postgresql://postgres@127.0.0.1:5432/{live_db}")
+    return {account: recorded_token(settings, sub=f"user-{account}", account=account) for account in (slurm_account, tenant_b)}
+
+
+@pytest.fixture(scope="module")
+def finished_job(server: Server, tokens: dict[str, str], slurm_account: str) -> tuple[str, str]:
+    """The job's id and the SHA-256 its own process printed of data.bin."""
+    token = tokens[slurm_account]
+    job = http("POST", server.url + "/submit", token=token, body={"template": "command", "gpus": 1, "params": {"command": SCRIPT}})
+    assert job.status == 201, job.body
+    job_id = job.body["job_id"]
+    final = wait_for(
+        lambda: (lambda body: body if body["state"] in ("COMPLETED", "FAILED", "CANCELLED") else None)(
+            http("GET", f"{server.url}/jobs/{job_id}", token=token).body
+        ),
+        timeout_s=120, what="the job to end",
+    )
+    log = http("GET", f"{server.url}/jobs/{job_id}/logs", token=token).body
+    assert final["state"] == "COMPLETED", log
+    return job_id, log.split()[-1]
+
+
+def fetch(server: Server, path: str, token: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and the body's bytes (chunked answers joined, as any HTTP client does)."""
+    request = urllib.request.Request(server.url + path, method=method, headers={"Authorization": f"Bearer {token}", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def names(listing: Any) -> dict[str, str]:
+    return {entry["name"]: entry["type"] for entry in listing["entries"]}
+
+
+def test_the_service_user_itself_cannot_read_what_the_job_wrote(finished_job: tuple[str, str], job_root: Path, slurm_account: str) -> None:
+    job_id, _ = finished_job
+    done = as_user(SERVICE_USER, "cat", str(job_root / slurm_account / job_id / "output" / "data.bin"))
+    assert done.returncode != 0 and "Permission denied" in done.stderr
+
+
+def test_outputs_are_listed_and_come_back_whole_and_by_range(server: Server, tokens: dict[str, str], slurm_account: str, finished_job: tuple[str, str]) -> None:
+    job_id, printed = finished_job
+    token = tokens[slurm_account]
+    top = http("GET", f"{server.url}/jobs/{job_id}/outputs/", token=token)
+    assert top.status == 200, top.body
+    assert names(top.body) == {"data.bin": "file", "sub": "folder", "shadow": "link"}
+    assert [entry["size"] for entry in top.body["entries"] if entry["name"] == "data.bin"] == [DATA_BYTES]
+    assert names(http("GET", f"{server.url}/jobs/{job_id}/outputs/sub/", token=token).body) == {"nested.txt": "file"}
+    page = http("GET", f"{server.url}/jobs/{job_id}/outputs/?limit=1", token=token).body
+    assert names(page) == {"data.bin": "file"} and page["next_cursor"]
+
+    status, headers, body = fetch(server, f"/jobs/{job_id}/outputs/data.bin", token)
+    assert (status, sha(body)) == (200, printed)
+    assert headers["content-type"] == "application/octet-stream" and headers["etag"]
+    status, ranged, part = fetch(server, f"/jobs/{job_id}/outputs/data.bin", token, {"Range": "bytes=1000-1999"})
+    assert (status, ranged["content-range"], part) == (206, f"bytes 1000-1999/{DATA_BYTES}", body[1000:2000])
+    status, head, empty = fetch(server, f"/jobs/{job_id}/outputs/data.bin", token, method="HEAD")
+    assert (status, head["content-length"], head["etag"], empty) == (200, str(DATA_BYTES), headers["etag"], b"")
+    assert fetch(server, f"/jobs/{job_id}/outputs/data.bin", token, {"If-None-Match": headers["etag"]})[0] == 304
+    assert fetch(server, f"/jobs/{job_id}/outputs/sub/nested.txt", token)[2] == b"nested\n"
+
+
+def test_the_link_to_etc_shadow_is_never_followed(server: Server, tokens: dict[str, str], slurm_account: str, finished_job: tuple[str, str]) -> None:
+    job_id, _ = finished_job
+    status, _, body = fetch(server, f"/jobs/{job_id}/outputs/shadow", tokens[slurm_account])
+    assert status == 404 and b"root:" not in body
+
+
+def test_the_whole_folder_comes_as_one_tar_with_the_link_as_a_link(server: Server, tokens: dict[str, str], slurm_account: str, finished_job: tuple[str, str]) -> None:
+    job_id, printed = finished_job
+    for path in (f"/jobs/{job_id}/outputs.tar", f"/jobs/{job_id}/outputs/?format=tar"):
+        status, headers, stream = fetch(server, path, tokens[slurm_account])
+        assert (status, headers["content-type"]) == (200, "application/x-tar"), stream[:200]
+        assert b"root:" not in stream
+        with tarfile.open(fileobj=io.BytesIO(stream), mode="r:") as archive:
+            members = {member.name: member for member in archive.getmembers()}
+            assert sorted(members) == ["data.bin", "shadow", "sub", "sub/nested.txt"]
+            data = archive.extractfile("data.bin")
+            assert data is not None and sha(data.read()) == printed
+            assert members["shadow"].issym() and members["shadow"].linkname == "/etc/shadow"
+            assert members["sub"].isdir()
+
+
+def test_another_account_and_unknown_jobs_get_404(server: Server, tokens: dict[str, str], tenant_b: str, finished_job: tuple[str, str]) -> None:
+    job_id, _ = finished_job
+    theirs = tokens[tenant_b]
+    for path in (f"/jobs/{job_id}/outputs/", f"/jobs/{job_id}/outputs/data.bin", f"/jobs/{job_id}/outputs/sub/",
+                 f"/jobs/{job_id}/outputs.tar", f"/jobs/{job_id}/outputs/?format=tar",
+                 "/jobs/00000000-0000-4000-8000-000000000000/outputs/"):
+        status, headers, body = fetch(server, path, theirs)
+        assert (status, headers["content-type"]) == (404, "application/json"), (path, body[:200])
+    assert fetch(server, f"/jobs/{job_id}/outputs/data.bin", theirs, method="HEAD")[0] == 404
+
+
+def test_path_tricks_are_refused_with_json(server: Server, tokens: dict[str, str], slurm_account: str, finished_job: tuple[str, str]) -> None:
+    job_id, _ = finished_job
+    token = tokens[slurm_account]
+    for trick in ("../../../etc/passwd", "sub/%2e%2e/%2e%2e/stdout.log", "a%00b", "/etc/passwd", "sub//nested.txt", "n" * 256):
+        status, _, body = raw_request(server, "GET", f"/jobs/{job_id}/outputs/{trick}", token)
+        assert status == 400 and body["error"] == "path_invalid", (trick, status, body)
+    status, _, body = raw_request(server, "GET", f"/jobs/{job_id}/outputs/sub/?format=tar", token)
+    assert status == 400 and body["error"], body
