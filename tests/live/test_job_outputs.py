@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import subprocess
+import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpupool_client import Client
 
 from bench.support.http import http
 from bench.support.tenancy import SERVICE_USER
@@ -27,6 +30,8 @@ from tests.live.conftest import Server, launch_gunicorn, live_env, stop_gunicorn
 from tests.live.test_storage import as_user, raw_request
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+CLI = str(Path(sys.executable).parent / "gpupool-client")
 
 DATA_BYTES = 300_000
 SCRIPT = (
@@ -161,3 +166,37 @@ def test_path_tricks_are_refused_with_json(server: Server, tokens: dict[str, str
         assert status == 400 and body["error"] == "path_invalid", (trick, status, body)
     status, _, body = raw_request(server, "GET", f"/jobs/{job_id}/outputs/sub/?format=tar", token)
     assert status == 400 and body["error"], body
+
+
+def test_the_client_and_its_cli_take_the_outputs_home(
+    server: Server, tokens: dict[str, str], slurm_account: str, finished_job: tuple[str, str], tmp_path: Path,
+) -> None:
+    job_id, printed = finished_job
+    env = {"PATH": "/usr/bin:/bin", "GPUPOOL_URL": server.url, "GPUPOOL_TOKEN": tokens[slurm_account]}
+    with Client(server.url, tokens[slurm_account]) as client:
+        found = {entry["path"]: entry["type"] for entry in client.output_files(job_id)}
+        assert found == {"data.bin": "file", "shadow": "link", "sub": "folder", "sub/nested.txt": "file"}
+        one = client.download_output(job_id, "data.bin", tmp_path / "one.bin")
+        assert sha(one.read_bytes()) == printed
+        with open(tmp_path / "all.tar", "wb") as out:
+            written = client.outputs_tar(job_id, out)
+        assert written == (tmp_path / "all.tar").stat().st_size > DATA_BYTES
+        with tarfile.open(tmp_path / "all.tar") as archive:
+            assert sorted(archive.getnames()) == ["data.bin", "shadow", "sub", "sub/nested.txt"]
+
+    listed = subprocess.run([CLI, "outputs", job_id], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split(None, 2)[2] for line in listed.stdout.splitlines()] == [
+        "data.bin", "shadow -> (link, not followed)", "sub/", "sub/nested.txt",
+    ]
+    dest = tmp_path / "home"
+    fetched = subprocess.run([CLI, "outputs", job_id, "--dest", str(dest)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert fetched.returncode == 0, fetched.stderr
+    assert sha((dest / "data.bin").read_bytes()) == printed and (dest / "sub" / "nested.txt").read_bytes() == b"nested\n"
+    assert not (dest / "shadow").exists() and not (dest / "shadow").is_symlink()
+    assert "shadow: a link, not downloaded" in fetched.stderr
+    single = subprocess.run([CLI, "outputs", job_id, "sub/nested.txt", "--dest", str(tmp_path / "single")],
+                            env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert single.returncode == 0 and (tmp_path / "single" / "nested.txt").read_bytes() == b"nested\n", single.stderr
+    missing = subprocess.run([CLI, "outputs", "00000000-0000-4000-8000-000000000000"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert missing.returncode != 0 and "no job" in missing.stderr
