@@ -23,7 +23,7 @@ from werkzeug.wsgi import FileWrapper
 
 from api.errors import error_response
 from api.routing import Reply
-from api.schemas import FileList
+from api.schemas import ErrorOut, FileList
 from gpupool.clock import utc_text
 from gpupool.errors import BadRequest
 from gpupool.storage.paths import StoragePath
@@ -44,6 +44,16 @@ DOWNLOAD_HEADERS: dict[str, Any] = {
 }
 BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 RANGE_HEADER = {"name": "Range", "in": "header", "schema": {"type": "string"}}
+
+
+def download_replies(headers: dict[str, Any]) -> dict[str, Reply]:
+    """The answers of a route that serves a file (with these headers) or a folder's listing."""
+    return {
+        "200": Reply("The file, or a folder's listing", FileList, content=BYTES, headers=headers),
+        "206": Reply("The range asked for (Content-Range)", content=BYTES, headers=headers),
+        "304": Reply("Not modified"),
+        "416": Reply("No byte of the range is in the file (Content-Range: bytes */size)", ErrorOut),
+    }
 
 
 class _AnyPath(PathConverter):

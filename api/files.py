@@ -40,6 +40,7 @@ from api.downloads import (
     add_path_converter,
     cursor_name,
     download,
+    download_replies,
     etag,
     listing,
     modified,
@@ -47,7 +48,7 @@ from api.downloads import (
 )
 from api.errors import error_response
 from api.routing import Reply, operation
-from api.schemas import ErrorOut, FileList, FileOut
+from api.schemas import FileOut
 from gpupool.clock import utc_text
 from gpupool.errors import (
     BadRequest,
@@ -124,12 +125,7 @@ def _entry(path: StoragePath, facts: dict[str, Any]) -> dict[str, Any]:
     description="Served as it is stored, as an attachment (application/octet-stream). A symbolic link is never "
     "followed: 404, as for a missing name. HEAD answers the same headers and Upload-Offset.",
     parameters=[_FILE_PATH, *LISTING_PARAMS, RANGE_HEADER],
-    replies={
-        "200": Reply("The file, or a folder's listing", FileList, content=BYTES, headers=_DOWNLOAD_HEADERS),
-        "206": Reply("The range asked for (Content-Range)", content=BYTES, headers=_DOWNLOAD_HEADERS),
-        "304": Reply("Not modified"),
-        "416": Reply("No byte of the range is in the file (Content-Range: bytes */size)", ErrorOut),
-    },
+    replies=download_replies(_DOWNLOAD_HEADERS),
     errors=(400, 404, 409),
     merge_slashes=False,
 )

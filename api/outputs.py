@@ -24,7 +24,6 @@ from flask import Blueprint, Response, request
 
 from api.context import app_state, principal
 from api.downloads import (
-    BYTES,
     CHUNK_BYTES,
     DOWNLOAD_HEADERS,
     LISTING_PARAMS,
@@ -34,12 +33,13 @@ from api.downloads import (
     cursor_name,
     disposition,
     download,
+    download_replies,
     listing,
     page_size,
 )
 from api.jobs import JOB_ID_PARAM, _visible_job
 from api.routing import Reply, operation
-from api.schemas import ErrorOut, FileList
+from api.schemas import FileList
 from gpupool.errors import BadRequest, NotFound
 from gpupool.members import WRITERS
 from gpupool.models import Job
@@ -131,12 +131,7 @@ def output_tar(job_id: str) -> Response:
     description="Served as it is stored, as an attachment (application/octet-stream). A symbolic link is never "
     "followed: 404, as for a missing name. HEAD answers the same headers.",
     parameters=[JOB_ID_PARAM, _OUTPUT_PATH, *LISTING_PARAMS, RANGE_HEADER],
-    replies={
-        "200": Reply("The file, or a folder's listing", FileList, content=BYTES, headers=DOWNLOAD_HEADERS),
-        "206": Reply("The range asked for (Content-Range)", content=BYTES, headers=DOWNLOAD_HEADERS),
-        "304": Reply("Not modified"),
-        "416": Reply("No byte of the range is in the file (Content-Range: bytes */size)", ErrorOut),
-    },
+    replies=download_replies(DOWNLOAD_HEADERS),
     errors=(400, 404, 409), merge_slashes=False,
 )
 def get_output(job_id: str, path: str) -> Response:

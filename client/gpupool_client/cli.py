@@ -291,19 +291,19 @@ def cmd_cp(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> int:
     folder = _remote(args.path)
-    entries = client.list_files(args.path if folder is None else folder)
+    return _print_entries(args, client.list_files(args.path if folder is None else folder), "name")
+
+
+def _print_entries(args: argparse.Namespace, entries: list[dict[str, Any]], name: str) -> int:
+    """A listing as the API's JSON (--json), or a line an entry, each named by its ``name`` field."""
     if args.json:
         _print_json(entries)
         return 0
     for entry in entries:
-        print(_entry_line(entry, entry["name"]))
+        size = "-" if entry["size"] is None else str(entry["size"])
+        suffix = "/" if entry["type"] == "folder" else " -> (link, not followed)" if entry["type"] == "link" else ""
+        print(f"{size:>14}  {entry['modified']}  {entry[name]}{suffix}")
     return 0
-
-
-def _entry_line(entry: dict[str, Any], name: str) -> str:
-    size = "-" if entry["size"] is None else str(entry["size"])
-    suffix = "/" if entry["type"] == "folder" else " -> (link, not followed)" if entry["type"] == "link" else ""
-    return f"{size:>14}  {entry['modified']}  {name}{suffix}"
 
 
 def cmd_outputs(client: Client, args: argparse.Namespace) -> int:
@@ -315,12 +315,7 @@ def cmd_outputs(client: Client, args: argparse.Namespace) -> int:
             {**entry, "path": entry["name"]} for entry in client.list_outputs(args.job_id, path.rpartition("/")[0])
             if entry["name"] == path.rpartition("/")[2]
         ]
-        if args.json:
-            _print_json(entries)
-            return 0
-        for entry in entries:
-            print(_entry_line(entry, entry["path"]))
-        return 0
+        return _print_entries(args, entries, "path")
     dest = Path(args.dest)
     if not whole_folder:
         dest.mkdir(parents=True, exist_ok=True)
