@@ -9,8 +9,10 @@ through the run-as helper's storage agent, run as the job folder's owner.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -21,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from gpupool_client import Client
 
 from bench.support.http import http
+from bench.support.services import TENANT_PREFIX
 from bench.support.tenancy import SERVICE_USER
+from gpupool import db
 from tests.conftest import base_settings, recorded_token, wait_for
 from tests.live.conftest import Server, launch_gunicorn, live_env, stop_gunicorn
 from tests.live.test_storage import as_user, raw_request
@@ -32,6 +37,7 @@ from tests.live.test_storage import as_user, raw_request
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 CLI = str(Path(sys.executable).parent / "gpupool-client")
+GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 
 DATA_BYTES = 300_000
 SCRIPT = (
@@ -200,3 +206,41 @@ def test_the_client_and_its_cli_take_the_outputs_home(
     assert single.returncode == 0 and (tmp_path / "single" / "nested.txt").read_bytes() == b"nested\n", single.stderr
     missing = subprocess.run([CLI, "outputs", "00000000-0000-4000-8000-000000000000"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert missing.returncode != 0 and "no job" in missing.stderr
+
+
+def test_retention_removes_the_folder_of_a_job_over_long_enough_never_what_its_links_point_to(
+    server: Server, tokens: dict[str, str], slurm_account: str, finished_job: tuple[str, str], live_db: str, job_root: Path,
+    runas_socket: str, tmp_path: Path,
+) -> None:
+    """Last in this module: it removes the job's folder the tests above read."""
+    job_id, _ = finished_job
+    folder = job_root / slurm_account / job_id
+    outside = tmp_path / "keep-me"
+    outside.write_bytes(b"not the job's")
+    planted = as_user(TENANT_PREFIX + slurm_account, "ln", "-s", str(outside), str(folder / "output" / "to-outside"))
+    assert planted.returncode == 0, planted.stderr
+    env = {**live_env(live_db, job_root, runas_socket), "GPUPOOL_JOB_OUTPUT_RETENTION_DAYS": "7"}
+
+    def prune(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([GPUPOOL, "outputs", "prune", *args], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+    kept = prune("--all")
+    assert (kept.returncode, kept.stdout.splitlines()[-1]) == (0, "0 job folder(s) removed, 0 failed"), kept.stderr
+    assert folder.is_dir()
+    engine = db.make_engine(env["GPUPOOL_DATABASE_URL"])
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text("UPDATE jobs SET ended_at = :ended WHERE id = :id"),
+            {"ended": db.utcnow() - dt.timedelta(days=8), "id": job_id},
+        )
+    engine.dispose()
+    told = prune("--dry-run")
+    assert told.returncode == 0 and f"would remove the folder of job {job_id}" in told.stdout and folder.is_dir(), told.stderr
+    removed = prune()
+    assert removed.returncode == 0 and f"removed the folder of job {job_id}" in removed.stdout, removed.stderr
+    assert not os.path.lexists(folder)
+    assert outside.read_bytes() == b"not the job's" and Path("/etc/shadow").is_file()
+    status, headers, _ = fetch(server, f"/jobs/{job_id}/outputs/", tokens[slurm_account])
+    assert (status, headers["content-type"]) == (404, "application/json")
+    again = prune("--all")
+    assert again.stdout.splitlines()[-1] == "0 job folder(s) removed, 0 failed"
