@@ -29,6 +29,7 @@ from api.keys import keys_bp
 from api.members import members_bp
 from api.meta import meta_bp, templates_bp
 from api.metrics import metrics_bp, register_metrics
+from api.outputs import outputs_bp
 from api.query import refuse_repeated_parameters
 from api.routing import require_every_route_declared
 from api.sessions import session_proxy_bp, sessions_bp
@@ -136,7 +137,7 @@ def create_app(
 
     for blueprint in (
         meta_bp, docs_bp, templates_bp, submit_bp, jobs_bp, billing_bp, alerts_bp, metrics_bp, webhooks_bp, admin_bp, sessions_bp, session_proxy_bp, keys_bp, members_bp, audit_bp,
-        files_bp,
+        files_bp, outputs_bp,
     ):
         app.register_blueprint(blueprint)
     register_pages(app, settings, limiter)

@@ -23,24 +23,32 @@ and the answer is 507 storage_quota_exceeded.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import datetime as dt
 import errno
 import os
-import urllib.parse
-from typing import Any, BinaryIO
+from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
-from flask.blueprints import BlueprintSetupState
-from werkzeug.http import http_date, is_resource_modified, parse_date, unquote_etag
-from werkzeug.routing import PathConverter
-from werkzeug.wsgi import FileWrapper
 
 from api.context import app_state, principal
+from api.downloads import (
+    BYTES,
+    CHUNK_BYTES,
+    DOWNLOAD_HEADERS,
+    LISTING,
+    LISTING_PARAMS,
+    RANGE_HEADER,
+    add_path_converter,
+    cursor_name,
+    download,
+    download_replies,
+    etag,
+    listing,
+    modified,
+    page_size,
+)
 from api.errors import error_response
 from api.routing import Reply, operation
-from api.schemas import ErrorOut, FileList, FileOut
+from api.schemas import FileOut
 from gpupool.clock import utc_text
 from gpupool.errors import (
     BadRequest,
@@ -57,28 +65,9 @@ from gpupool.storage.sizes import format_size
 from gpupool.storage.volumes import volume_usage
 
 files_bp = Blueprint("files", __name__)
-
-
-class _AnyPath(PathConverter):
-    """Werkzeug's path, but also one that starts with '/': refused with a 400 that says why, not a 404 or 405.
-
-    Never empty: `/files/` itself is the listing's alone, so a PUT, POST or DELETE there is the 405 the
-    document says, not a write to the top of the storage.
-    """
-
-    # Written so that werkzeug's matcher sees a "/" in it and lets it span names, as its own path does.
-    regex = "[^/]?.+?"
-
-
-@files_bp.record_once
-def _add_converter(state: BlueprintSetupState) -> None:
-    # Before the routes below are added: a blueprint runs its deferred steps in order.
-    state.app.url_map.converters.setdefault("storage_path", _AnyPath)
+add_path_converter(files_bp)
 
 UPLOAD_OFFSET = "Upload-Offset"
-CHUNK_BYTES = 1024 * 1024
-DEFAULT_PAGE = 1000
-MAX_PAGE = 10000
 
 # The storage's share of the document (the roles of its members: they read and write it, viewers read).
 _FILE_PATH = {
@@ -86,18 +75,10 @@ _FILE_PATH = {
     "description": "Relative to your storage, names joined by /; a trailing / names a folder. No '..', '.', empty "
     "names, NUL or control characters, no leading / (400 path_invalid); a name is at most 255 bytes of UTF-8",
 }
-_LISTING_PARAMS = [
-    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE}},
-    {"name": "cursor", "in": "query", "schema": {"type": "string"}, "description": "next_cursor of the page before"},
-]
-_LISTING = Reply("A page of the folder's entries", FileList)
 _DOWNLOAD_HEADERS = {
-    "ETag": {"schema": {"type": "string"}},
-    "Last-Modified": {"schema": {"type": "string"}},
-    "Accept-Ranges": {"schema": {"const": "bytes"}},
+    **DOWNLOAD_HEADERS,
     UPLOAD_OFFSET: {"description": "HEAD only: bytes an interrupted upload of this path holds (0: none), also on a 404", "schema": {"type": "integer"}},
 }
-_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 # The rest of a refused body is read and dropped up to this, so the client reads the answer instead
 # of a reset; past it the connection is closed (a client then asks HEAD and /usage).
 DRAIN_MAX_BYTES = 64 * 1024 * 1024
@@ -122,135 +103,20 @@ def _flag(name: str) -> bool:
     return value == "true"
 
 
-def _modified(mtime_ns: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(mtime_ns // 1_000_000_000, dt.UTC)
-
-
-def _etag(facts: dict[str, Any]) -> str:
-    return f"{facts['mtime_ns']:x}-{facts['size']:x}-{facts['ino']:x}"
-
-
 def _entry(path: StoragePath, facts: dict[str, Any]) -> dict[str, Any]:
     kind = facts["type"]
     return {
         "path": path.text,
         "type": kind,
         "size": facts["size"] if kind == "file" else None,
-        "modified": utc_text(_modified(facts["mtime_ns"])),
-        "etag": f'"{_etag(facts)}"' if kind == "file" else None,
+        "modified": utc_text(modified(facts["mtime_ns"])),
+        "etag": f'"{etag(facts)}"' if kind == "file" else None,
     }
-
-
-def _cursor_name(cursor: str | None) -> str | None:
-    if cursor is None:
-        return None
-    try:
-        return base64.urlsafe_b64decode(cursor.encode("ascii") + b"=" * (-len(cursor) % 4)).decode("utf-8")
-    except (ValueError, binascii.Error, UnicodeError):
-        raise BadRequest("cursor is not one this API gave", code="cursor_invalid") from None
-
-
-def _cursor(name: str | None) -> str | None:
-    return None if name is None else base64.urlsafe_b64encode(name.encode("utf-8")).decode("ascii").rstrip("=")
-
-
-def _page_size() -> int:
-    raw = request.args.get("limit", str(DEFAULT_PAGE))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
-        raise BadRequest(f"limit must be a whole number from 1 to {MAX_PAGE}")
-    return int(raw)
-
-
-def _listing(path: StoragePath, facts: dict[str, Any]) -> Response:
-    entries = [
-        {"name": entry["name"], "type": entry["type"], "size": entry["size"], "modified": utc_text(_modified(entry["mtime_ns"]))}
-        for entry in facts["entries"]
-    ]
-    shown = "/".join(path.parts) + ("/" if path.parts else "")
-    return jsonify({"path": shown, "entries": entries, "next_cursor": _cursor(facts.get("next_after")), "unlisted": facts.get("skipped", 0)})
-
-
-class _FileRange:
-    """``length`` bytes of an open file from ``start``: read() stops there, and fileno() lets gunicorn sendfile them."""
-
-    def __init__(self, fd: int, start: int, length: int) -> None:
-        self._file: BinaryIO = os.fdopen(fd, "rb", buffering=0)
-        self._file.seek(start)
-        self._left = length
-
-    def fileno(self) -> int:
-        return self._file.fileno()
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def read(self, size: int = -1) -> bytes:
-        size = self._left if size < 0 else min(size, self._left)
-        data = self._file.read(size) if size > 0 else b""
-        self._left -= len(data or b"")
-        return data or b""
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def _disposition(name: str) -> str:
-    # RFC 6266 with RFC 5987's filename*: any name, never a header's structure.
-    ascii_name = "".join(char if char.isascii() and char.isprintable() and char not in '"\\;' else "_" for char in name)
-    return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{urllib.parse.quote(name, safe='')}"
-
-
-def _if_range_matches(etag: str, modified: dt.datetime) -> bool:
-    header = request.headers.get("If-Range")
-    if header is None:
-        return True
-    if header.startswith(('"', "W/")):
-        value, weak = unquote_etag(header)
-        return not weak and value == etag
-    date = parse_date(header)
-    return date is not None and date >= modified
-
-
-def _download(path: StoragePath, facts: dict[str, Any], fd: int) -> Response:
-    size, etag, modified = facts["size"], _etag(facts), _modified(facts["mtime_ns"])
-    headers = {
-        "ETag": f'"{etag}"',
-        "Last-Modified": http_date(modified),
-        "Accept-Ranges": "bytes",
-        "Cache-Control": "private, no-cache",
-        # A tenant's bytes, never a page of this origin: no type sniffing, no script, saved rather than shown.
-        "Content-Type": "application/octet-stream",
-        "X-Content-Type-Options": "nosniff",
-        "Content-Security-Policy": "default-src 'none'; sandbox",
-        "Content-Disposition": _disposition(path.parts[-1]),
-    }
-    if not is_resource_modified(request.environ, etag=etag, last_modified=modified):
-        os.close(fd)
-        return Response(status=304, headers={key: headers[key] for key in ("ETag", "Last-Modified", "Cache-Control")})
-    start, length, status = 0, size, 200
-    ranges = request.range
-    if ranges is not None and ranges.units == "bytes" and len(ranges.ranges) == 1 and _if_range_matches(etag, modified):
-        bounds = ranges.range_for_length(size)
-        if bounds is None:
-            os.close(fd)
-            answer = error_response(416, "range_not_satisfiable", f"the file has {size} bytes; no byte of that range is in it")
-            answer.headers["Content-Range"] = f"bytes */{size}"
-            return answer
-        start, stop = bounds
-        length, status = stop - start, 206
-        headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
-    headers["Content-Length"] = str(length)
-    wrapper = request.environ.get("wsgi.file_wrapper", FileWrapper)
-    # gunicorn sends a file wrapper's file with sendfile(2), from its offset, Content-Length bytes.
-    return Response(wrapper(_FileRange(fd, start, length), CHUNK_BYTES), status=status, headers=headers, direct_passthrough=True)
 
 
 @operation(
     files_bp, "GET", "/files/", roles=ALL_ROLES, summary="The top of your storage: a page of its entries",
-    parameters=_LISTING_PARAMS, replies={"200": _LISTING}, errors=(400, 404),
+    parameters=LISTING_PARAMS, replies={"200": LISTING}, errors=(400, 404),
     defaults={"path": ""}, merge_slashes=False,
 )
 @operation(
@@ -258,13 +124,8 @@ def _download(path: StoragePath, facts: dict[str, Any], fd: int) -> Response:
     summary="Download a file (Range: one range, 206; If-None-Match, If-Modified-Since: 304), or list a folder",
     description="Served as it is stored, as an attachment (application/octet-stream). A symbolic link is never "
     "followed: 404, as for a missing name. HEAD answers the same headers and Upload-Offset.",
-    parameters=[_FILE_PATH, *_LISTING_PARAMS, {"name": "Range", "in": "header", "schema": {"type": "string"}}],
-    replies={
-        "200": Reply("The file, or a folder's listing", FileList, content=_BYTES, headers=_DOWNLOAD_HEADERS),
-        "206": Reply("The range asked for (Content-Range)", content=_BYTES, headers=_DOWNLOAD_HEADERS),
-        "304": Reply("Not modified"),
-        "416": Reply("No byte of the range is in the file (Content-Range: bytes */size)", ErrorOut),
-    },
+    parameters=[_FILE_PATH, *LISTING_PARAMS, RANGE_HEADER],
+    replies=download_replies(_DOWNLOAD_HEADERS),
     errors=(400, 404, 409),
     merge_slashes=False,
 )
@@ -273,7 +134,7 @@ def get_file(path: str) -> Response:
     where = parse_path(path)
     head = request.method == "HEAD"
     try:
-        answer = storage.get(account, where, limit=_page_size(), after=_cursor_name(request.args.get("cursor")), upload_offset=head)
+        answer = storage.get(account, where, limit=page_size(), after=cursor_name(request.args.get("cursor")), upload_offset=head)
     except NotFound as missing:
         if not head or "offset" not in missing.details:
             raise
@@ -282,8 +143,8 @@ def get_file(path: str) -> Response:
         response.headers[UPLOAD_OFFSET] = str(missing.details["offset"])
         return response
     if answer.fd is None:
-        return _listing(where, answer.facts)
-    response = _download(where, answer.facts, answer.take_fd())
+        return listing(where, answer.facts)
+    response = download(where, answer.facts, answer.take_fd())
     if head and "upload_offset" in answer.facts:
         response.headers[UPLOAD_OFFSET] = str(answer.facts["upload_offset"])
     return response
@@ -353,7 +214,7 @@ def _offset_header() -> int | None:
         {"name": UPLOAD_OFFSET, "in": "header", "schema": {"type": "integer", "minimum": 0},
          "description": "Continue an interrupted upload: the bytes it holds (HEAD); the body is the rest"},
     ],
-    request_body={"content": _BYTES},
+    request_body={"content": BYTES},
     replies={"200": Reply("Replaced", FileOut), "201": Reply("Created", FileOut)},
     errors=(400, 403, 404, 409, 411, 507),
     merge_slashes=False,
@@ -416,7 +277,7 @@ def put_file(path: str) -> Response:
         os.close(fd)  # after the commit: the upload's lock is held until its file has its name
     response = jsonify(_entry(where, facts))
     response.status_code = 201 if facts["created"] else 200
-    response.headers["ETag"] = f'"{_etag(facts)}"'
+    response.headers["ETag"] = f'"{etag(facts)}"'
     return response
 
 

@@ -180,6 +180,9 @@ class Settings:
 
     templates_dir: str = "slurm_templates"
     job_root: str = "var/jobs"
+    # A finished job's folder (its outputs, logs and script) is removed this many days after its end
+    # (gpupool.retention: `gpupool outputs prune`, and each billing run). 0 keeps them for ever.
+    job_output_retention_days: int = 7
     job_path: str = "/usr/local/bin:/usr/bin:/bin"
     # Each account's storage (gpupool.storage): storage_root/<account> is the mount point of the
     # account's own filesystem, whose size is its quota; jobs see it as $GPUPOOL_DATA (/data in a
@@ -334,6 +337,8 @@ class Settings:
                 raise ConfigError(f"container_mounts: {mount!r} mounts over /data, where jobs see their account's storage")
         if self.storage_op_timeout_s <= 0:
             raise ConfigError("storage_op_timeout_s must be positive")
+        if self.job_output_retention_days < 0:
+            raise ConfigError("job_output_retention_days must be 0 (keep for ever) or more")
         if self.idle_window_min < 0 or self.idle_grace_min < 0 or not 0 <= self.idle_threshold_pct <= 100:
             raise ConfigError("idle_window_min and idle_grace_min must be 0 or more, idle_threshold_pct 0 to 100")
         if self.idle_sample_retention_min < IDLE_MIN_SAMPLE_RETENTION_MIN:

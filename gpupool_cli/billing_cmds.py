@@ -27,6 +27,7 @@ from gpupool.config import Settings
 from gpupool.errors import GpupoolError, NotFound, ValidationFailed
 from gpupool.models import Account, Adjustment
 from gpupool.slurm.client import SlurmClient
+from gpupool_cli.output_cmds import prune
 from gpupool_cli.storage_cmds import check_growth, set_quota_note, storage_size
 
 PRICE_TIERS = (NORMAL_TIER, SPOT_TIER)
@@ -112,6 +113,8 @@ def cmd_billing_run(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 1
     status = max(_push_budgets(sessions, slurm), _push_member_limits(sessions, slurm))
+    if settings.job_output_retention_days > 0 and prune(settings, sessions).failed:
+        status = max(status, 1)
     if settings.billing_cancel_exhausted:
         for account in cancel_exhausted(sessions, slurm):
             print(f"account {account} has no budget left: its jobs were cancelled")

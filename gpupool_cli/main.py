@@ -34,6 +34,7 @@ from gpupool_cli.billing_cmds import add_billing_parsers
 from gpupool_cli.idle_cmds import add_idle_parsers
 from gpupool_cli.member_cmds import add_member_parsers, migrate_members, print_migrated
 from gpupool_cli.node_cmds import add_node_parsers
+from gpupool_cli.output_cmds import add_output_parsers
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
 from gpupool_cli.storage_cmds import EXIT_STORAGE_FAILED, add_storage_parsers, apply_volume, check_growth, storage_size
@@ -259,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_idle_parsers(sub)
     add_audit_parsers(sub)
     add_storage_parsers(sub)
+    add_output_parsers(sub)
 
     runas = sub.add_parser("runas", help="the root helper that submits and cancels as tenants").add_subparsers(
         dest="runas_command", required=True

@@ -307,6 +307,18 @@ def files_path(remote: str) -> str:
     return "/files/" + urllib.parse.quote(remote, safe="/")
 
 
+def outputs_path(job_id: str, remote: str = "") -> str:
+    """``/jobs/<id>/outputs/<remote>``: a path in a job's output folder, each name quoted, its slashes kept."""
+    return f"/jobs/{urllib.parse.quote(job_id, safe='')}/outputs/" + urllib.parse.quote(remote, safe="/")
+
+
+def safe_name(name: str) -> str:
+    """A name from a listing, refused if written to disk it could step out of its folder (the server never sends one)."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise GpupoolError(f"the server listed a name that is not a plain name: {name!r}", code="name_refused")
+    return name
+
+
 def read_chunks(handle: BinaryIO, start: int, total: int, progress: Progress | None) -> Iterator[bytes]:
     """A local file's bytes from ``start`` to ``total``, a chunk at a time: an upload's body, never whole in memory."""
     handle.seek(start)
@@ -376,8 +388,11 @@ class Download:
     on the ETag, so a file replaced meanwhile starts over) and what an answer means for the file.
     """
 
-    def __init__(self, remote: str, out: BinaryIO, target: Path, partial: Path, progress: Progress | None) -> None:
-        self.remote, self.path = remote, files_path(remote)
+    def __init__(
+        self, remote: str, out: BinaryIO, target: Path, partial: Path, progress: Progress | None, *, path: str | None = None
+    ) -> None:
+        # ``path``: the URL path to ask, when it is not the account storage's (a job's outputs).
+        self.remote, self.path = remote, path or files_path(remote)
         self.out, self.target, self.partial, self.progress = out, target, partial, progress
         self.etag: str | None = None
         self.total = 0

@@ -291,14 +291,50 @@ def cmd_cp(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> int:
     folder = _remote(args.path)
-    entries = client.list_files(args.path if folder is None else folder)
+    return _print_entries(args, client.list_files(args.path if folder is None else folder), "name")
+
+
+def _print_entries(args: argparse.Namespace, entries: list[dict[str, Any]], name: str) -> int:
+    """A listing as the API's JSON (--json), or a line an entry, each named by its ``name`` field."""
     if args.json:
         _print_json(entries)
         return 0
     for entry in entries:
         size = "-" if entry["size"] is None else str(entry["size"])
         suffix = "/" if entry["type"] == "folder" else " -> (link, not followed)" if entry["type"] == "link" else ""
-        print(f"{size:>14}  {entry['modified']}  {entry['name']}{suffix}")
+        print(f"{size:>14}  {entry['modified']}  {entry[name]}{suffix}")
+    return 0
+
+
+def cmd_outputs(client: Client, args: argparse.Namespace) -> int:
+    """List a job's outputs (every file, folders walked), or with --dest download them (or one path) there."""
+    path = args.path.strip("/") if args.path else ""
+    whole_folder = not path or args.path.endswith("/")
+    if args.dest is None:
+        entries = client.output_files(args.job_id, path) if whole_folder else [
+            {**entry, "path": entry["name"]} for entry in client.list_outputs(args.job_id, path.rpartition("/")[0])
+            if entry["name"] == path.rpartition("/")[2]
+        ]
+        return _print_entries(args, entries, "path")
+    dest = Path(args.dest)
+    if not whole_folder:
+        dest.mkdir(parents=True, exist_ok=True)
+        with _progress_bar(args, path) as progress:
+            written = client.download_output(args.job_id, path, dest / Path(path).name, progress=progress)
+        print(f"{path} -> {written} ({os.path.getsize(written)} bytes)", file=sys.stderr)
+        return 0
+    prefix = path + "/" if path else ""
+    for entry in client.output_files(args.job_id, path):
+        local = dest / entry["path"][len(prefix):]
+        if entry["type"] == "folder":
+            local.mkdir(parents=True, exist_ok=True)
+        elif entry["type"] == "file":
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with _progress_bar(args, entry["path"]) as progress:
+                client.download_output(args.job_id, entry["path"], local, progress=progress)
+            print(f"{entry['path']} -> {local} ({entry['size']} bytes)", file=sys.stderr)
+        else:  # a link is the job's own name, never followed: outputs.tar keeps it as a link
+            print(f"{entry['path']}: a {entry['type']}, not downloaded", file=sys.stderr)
     return 0
 
 
@@ -406,6 +442,14 @@ def build_parser() -> argparse.ArgumentParser:
     listing = reader("ls", "list a folder of your account's storage")
     listing.add_argument("path", nargs="?", default="", metavar="PATH", help="remote:PATH or PATH (default: the top)")
     listing.set_defaults(handler=cmd_ls)
+
+    outputs = reader("outputs", "list a job's outputs ($GPUPOOL_JOB_DIR/output), or download them with --dest")
+    outputs.add_argument("job_id", metavar="JOB")
+    outputs.add_argument("path", nargs="?", default="", metavar="PATH", help="one file, or a folder ending in / (default: all)")
+    outputs.add_argument("--dest", metavar="DIR", help="download into DIR (folders kept; links are not followed, so not downloaded)")
+    outputs.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                         help="a progress bar on stderr (default: when stdout is a terminal)")
+    outputs.set_defaults(handler=cmd_outputs)
 
     remove = commands.add_parser("rm", help="delete a file or an empty folder of your account's storage")
     remove.add_argument("path", metavar="PATH", help="remote:PATH or PATH")

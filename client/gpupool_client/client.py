@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -28,10 +29,12 @@ from gpupool_client._core import (
     list_params,
     log_chunk,
     new_idempotency_key,
+    outputs_path,
     partial_path,
     raise_for_answer,
     resolve_settings,
     retryable,
+    safe_name,
     session_is_open,
     submit_body,
     upload_offset_of,
@@ -436,11 +439,14 @@ class Client:
         A dropped connection is resumed where it broke (Range, with If-Range on
         the file's ETag, so a file replaced meanwhile starts over).
         """
+        return self._download(remote, local, progress, files_path(remote))
+
+    def _download(self, remote: str, local: str | os.PathLike[str], progress: Progress | None, path: str) -> Path:
         target = Path(local)
         partial = partial_path(target)
         attempt = 0
         with open(partial, "wb") as out:
-            download = Download(remote, out, target, partial, progress)
+            download = Download(remote, out, target, partial, progress, path=path)
             try:
                 while True:
                     error: GpupoolError
@@ -467,7 +473,9 @@ class Client:
 
     def list_files(self, folder: str = "", *, page_size: int = 1000) -> list[dict[str, Any]]:
         """Every entry of a folder of the account's storage (``""``: its top), in name order."""
-        path = files_path(folder.rstrip("/") + "/" if folder.strip("/") else "")
+        return self._list(files_path(folder.rstrip("/") + "/" if folder.strip("/") else ""), page_size)
+
+    def _list(self, path: str, page_size: int) -> list[dict[str, Any]]:
         entries: list[dict[str, Any]] = []
         cursor: str | None = None
         while True:
@@ -489,3 +497,42 @@ class Client:
         params = {"move_to": target, **({"overwrite": "true"} if overwrite else {})}
         result: dict[str, Any] = self._request("POST", files_path(remote), params=params).json()
         return result
+
+    def list_outputs(self, job_id: str, folder: str = "", *, page_size: int = 1000) -> list[dict[str, Any]]:
+        """Every entry of a folder of the job's outputs (``""``: the top of its output folder), in name order."""
+        return self._list(outputs_path(job_id, folder.rstrip("/") + "/" if folder.strip("/") else ""), page_size)
+
+    def output_files(self, job_id: str, folder: str = "") -> list[dict[str, Any]]:
+        """Every entry under a folder of the job's outputs, folders walked, each with its ``path`` from the top."""
+        found: list[dict[str, Any]] = []
+        prefix = folder.strip("/") + "/" if folder.strip("/") else ""
+        for entry in self.list_outputs(job_id, prefix):
+            path = prefix + safe_name(entry["name"])
+            found.append({**entry, "path": path})
+            if entry["type"] == "folder":
+                found += self.output_files(job_id, path)
+        return found
+
+    def download_output(
+        self, job_id: str, remote: str, local: str | os.PathLike[str], *, progress: Progress | None = None
+    ) -> Path:
+        """Download one file of the job's outputs to ``local``, as ``download`` does (whole or not at all, resumed)."""
+        return self._download(remote, local, progress, outputs_path(job_id, remote))
+
+    def outputs_tar(self, job_id: str, out: BinaryIO) -> int:
+        """The job's whole output folder as one tar stream, written to ``out``; the bytes written.
+
+        A cut-off archive is a ConnectionFailed, never a short file taken for a whole one.
+        """
+        written = 0
+        try:
+            with self._http.stream("GET", f"/jobs/{urllib.parse.quote(job_id, safe='')}/outputs.tar") as response:
+                if not response.is_success:
+                    response.read()
+                    raise_for_answer(response)
+                for block in response.iter_bytes(TRANSFER_CHUNK):
+                    out.write(block)
+                    written += len(block)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"the archive of job {job_id}'s outputs was cut off: {exc}", code="connection_failed") from exc
+        return written

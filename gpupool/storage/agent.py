@@ -33,6 +33,7 @@ import re
 import socket
 import stat
 import sys
+import tarfile
 from typing import Any
 
 # gpupool.storage.paths, which this file cannot import.
@@ -513,9 +514,137 @@ def op_mkdir(root_fd: int, request: dict[str, Any]) -> tuple[dict[str, Any], int
     return answer, None
 
 
+# What a tar stream that ended in the middle ends with: not the two zero blocks of a whole archive,
+# so the reader (api.outputs) can tell a cut-off archive from a finished one.
+TAR_BROKEN_END = b"\xff" * tarfile.BLOCKSIZE
+TAR_CHUNK = 1024 * 1024
+
+
+class _Exactly:
+    """``size`` bytes of an open file for tarfile: cut where it grew since its header, zeros where it shrank."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd, self._left = fd, size
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size < 0 else min(size, self._left)
+        data = os.read(self._fd, size) if size > 0 else b""
+        if size > 0 and not data:
+            data = bytes(size)
+        self._left -= len(data)
+        return data
+
+
+def _tar_info(name: str, info: os.stat_result) -> tarfile.TarInfo:
+    entry = tarfile.TarInfo(name)
+    entry.mode = stat.S_IMODE(info.st_mode)
+    entry.mtime = int(info.st_mtime)
+    return entry
+
+
+def _tar_folder(archive: tarfile.TarFile, dir_fd: int, prefix: str, device: int, at_root: bool) -> None:
+    """Each entry of a folder, by descriptor: a file's bytes, a link as a link (never followed), a folder's entries."""
+    with os.scandir(dir_fd) as entries:
+        names = sorted(entry.name for entry in entries if not (at_root and entry.name in _HIDDEN_AT_ROOT))
+    for name in names:
+        info = _lstat(dir_fd, name)
+        if info is None:
+            continue  # removed since the scan
+        path = prefix + name
+        if stat.S_ISLNK(info.st_mode):
+            entry = _tar_info(path, info)
+            entry.type, entry.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dir_fd)
+            archive.addfile(entry)
+        elif stat.S_ISDIR(info.st_mode):
+            fd = os.open(name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+            try:
+                if os.fstat(fd).st_dev != device:
+                    continue  # another filesystem mounted here: not the job's
+                entry = _tar_info(path, info)
+                entry.type = tarfile.DIRTYPE
+                archive.addfile(entry)
+                _tar_folder(archive, fd, path + "/", device, False)
+            finally:
+                os.close(fd)
+        elif stat.S_ISREG(info.st_mode):
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno in _NOT_FOUND:
+                    continue  # gone, replaced by a link, or unreadable to this user: left out
+                raise
+            try:
+                opened = os.fstat(fd)
+                if not stat.S_ISREG(opened.st_mode) or opened.st_dev != device:
+                    continue
+                entry = _tar_info(path, opened)
+                entry.size = opened.st_size
+                archive.addfile(entry, _Exactly(fd, opened.st_size))  # type: ignore[arg-type]
+            finally:
+                os.close(fd)
+        # FIFOs, sockets and devices: nothing to take home.
+
+
+def write_tar(root_fd: int, out_fd: int) -> None:
+    """The whole folder as a tar stream ('w|': nothing seeks, nothing is held) on ``out_fd``; a broken end if it fails."""
+    out = os.fdopen(out_fd, "wb", buffering=TAR_CHUNK)
+    try:
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+            _tar_folder(archive, root_fd, "", os.fstat(root_fd).st_dev, True)
+        out.flush()
+    except BrokenPipeError:
+        pass  # the reader went away: nothing more to say
+    except BaseException:
+        try:
+            out.write(TAR_BROKEN_END)
+            out.flush()
+        except OSError:
+            pass
+        raise
+    finally:
+        try:
+            out.close()
+        except OSError:
+            pass  # what was left in the buffer had no reader
+
+
+def _close_all_but(*kept: int) -> None:
+    low = 3
+    for fd in sorted(kept):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+
+
+def op_tar(root_fd: int, request: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """A pipe's read end, and a child process of this one that writes the folder into it as a tar stream.
+
+    The child writes on after this process has answered and exited, so the
+    helper's wait for the agent is as short as for any request; it runs as the
+    same user, and ends when the archive is written or its reader closes the pipe.
+    """
+    check_names(request.get("path"))
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the writer
+        status = 1
+        try:
+            os.close(read_end)
+            null = os.open(os.devnull, os.O_RDWR)
+            for stream in (0, 1, 2):  # the helper reads the agent's stderr to its end: not held open by this child
+                os.dup2(null, stream)
+            _close_all_but(root_fd, write_end)  # the socket first: the answer is the parent's to send
+            write_tar(root_fd, write_end)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    return {"ok": True, "type": "tar"}, read_end
+
+
 OPERATIONS = {
     "get": op_get, "upload": op_upload, "commit": op_commit, "abort": op_abort,
-    "delete": op_delete, "move": op_move, "mkdir": op_mkdir,
+    "delete": op_delete, "move": op_move, "mkdir": op_mkdir, "tar": op_tar,
 }
 
 

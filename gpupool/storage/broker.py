@@ -16,6 +16,16 @@ tamper with it, so what it hands over is believed no further than that.
     files.delete   delete a file, link or folder, and the path's upload in progress
     files.move     rename within the account's storage
     files.mkdir    make a folder
+
+    outputs.get    the same as files.get, in a job's output folder (``job_root/<account>/<job>/output``)
+    outputs.tar    the job's output folder as a tar stream: the read end of a pipe the agent's child writes
+
+A job's outputs are read as the job folder's owner, the user the job ran as
+(the member's own, or the account's): the helper finds it from the folder
+itself, opened without following a link, and checks that it is a user of that
+account (``gpupool.slurm.tenants.lookup_member``) before it acts as it. A job
+folder that is missing, or whose owner is not one of the account's users, is
+``not_found``, as a job of another account is.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import re
 import select
 import socket
@@ -34,16 +45,24 @@ from typing import Any
 from gpupool.config import Settings
 from gpupool.errors import BadRequest, ConfigError, TenantError
 from gpupool.proc import RunAs, spawn
-from gpupool.slurm.tenants import lookup_tenant
+from gpupool.slurm.runas.checks import job_folder
+from gpupool.slurm.tenants import Tenant, lookup_member, lookup_tenant
 from gpupool.storage import agent
 from gpupool.storage.paths import account_storage_dir, parse_path
 
 log = logging.getLogger("gpupool.storage.broker")
 
 PREFIX = "files."
-OPERATIONS = frozenset(PREFIX + name for name in agent.OPERATIONS)
-# Operations whose answer carries a descriptor (a regular file's), when they succeed.
-_WITH_DESCRIPTOR = frozenset({"get", "upload"})
+OUTPUTS_PREFIX = "outputs."
+# A job's outputs are read, never written, through the API.
+_OUTPUT_OPERATIONS = frozenset({"get", "tar"})
+OPERATIONS = frozenset(PREFIX + name for name in agent.OPERATIONS if name != "tar") | frozenset(
+    OUTPUTS_PREFIX + name for name in _OUTPUT_OPERATIONS
+)
+# Operations whose answer carries a descriptor when they succeed: a regular file's, or (tar) a pipe's.
+_WITH_DESCRIPTOR = frozenset({"get", "upload", "tar"})
+# Where a job writes what it hands back, in its folder (slurm_templates/command makes it).
+OUTPUT_FOLDER = "output"
 _ACCOUNT = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _UPLOAD_KEY = re.compile(r"^[0-9a-f]{64}$")
 # Read once: the agent runs from its source on python's command line, as the tenant may not read gpupool's files.
@@ -68,13 +87,11 @@ def _names(value: object, what: str) -> list[str]:
 
 def agent_request(settings: Settings, request: dict[str, Any]) -> dict[str, Any]:
     """What the agent is asked: the caller's fields checked and copied one by one, nothing else."""
-    op = str(request["op"])[len(PREFIX):]
+    op = str(request["op"]).split(".", 1)[1]
     account = request.get("account")
     if not isinstance(account, str) or not _ACCOUNT.match(account):
         raise TenantError(f"not a gpupool account name: {account!r}")
-    if not settings.storage_root:
-        raise ConfigError("this site has no account storage (storage_root is empty)")
-    out: dict[str, Any] = {"op": op, "root": account_storage_dir(settings.storage_root, account)}
+    out: dict[str, Any] = {"op": op}
     out["path"] = _names(request.get("path", ""), "path")
     if op == "move":
         out["target"] = _names(request.get("target"), "target")
@@ -171,29 +188,77 @@ def run_agent(settings: Settings, run_as: RunAs, request: dict[str, Any]) -> tup
     return answer, (fds[0] if fds else None)
 
 
-def check_descriptor(settings: Settings, account: str, fd: int) -> None:
-    """A regular file on the account's own filesystem, or TenantError: the agent runs as the tenant and is not trusted further."""
+def check_descriptor(fd: int, device: int, *, pipe: bool = False) -> None:
+    """A regular file on ``device`` (or, for a tar stream, a pipe), or TenantError: the agent runs as the tenant and is not trusted further."""
     info = os.fstat(fd)
+    if pipe:
+        if not stat.S_ISFIFO(info.st_mode):
+            raise TenantError("the storage agent handed over something other than a pipe")
+        return
     if not stat.S_ISREG(info.st_mode):
         raise TenantError("the storage agent handed over something other than a regular file")
-    volume = os.stat(account_storage_dir(settings.storage_root, account), follow_symlinks=False)
-    if info.st_dev != volume.st_dev:
-        raise TenantError("the storage agent handed over a file from outside the account's storage")
+    if info.st_dev != device:
+        raise TenantError("the storage agent handed over a file from outside the folder it was asked about")
+
+
+def job_folder_owner(settings: Settings, account: str, job_id: object) -> tuple[Tenant, str, int] | None:
+    """The user a job folder belongs to, checked to be one of ``account``'s; its path and device. None: no such folder of the account's.
+
+    The folder is opened without following a link; the job root and the
+    account's folder above it are root's (gpupool.slurm.tenants), so no tenant
+    can put anything else in its place.
+    """
+    folder = str(job_folder(settings, account, str(job_id) if isinstance(job_id, str) else ""))
+    try:
+        fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    try:
+        tenant = lookup_member(settings, account, pwd.getpwuid(info.st_uid).pw_name)
+    except (KeyError, TenantError) as exc:
+        log.warning("job folder %s belongs to uid %s, not a user of account %s: %s", folder, info.st_uid, account, exc)
+        return None
+    return tenant, folder, info.st_dev
+
+
+def _where(settings: Settings, request: dict[str, Any]) -> tuple[Tenant, str, int] | None:
+    """Who the agent runs as, the folder it works beneath, and the device a file it hands over must be on."""
+    account = request["account"]
+    if str(request["op"]).startswith(OUTPUTS_PREFIX):
+        owner = job_folder_owner(settings, account, request.get("job_id"))
+        if owner is None:
+            return None
+        tenant, folder, device = owner
+        return tenant, f"{folder}/{OUTPUT_FOLDER}", device
+    if not settings.storage_root:
+        raise ConfigError("this site has no account storage (storage_root is empty)")
+    root = account_storage_dir(settings.storage_root, account)
+    return lookup_tenant(settings, account), root, os.stat(root, follow_symlinks=False).st_dev
 
 
 def handle_file_request(settings: Settings, request: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
-    """Run one storage request as its account's tenant: the answer, and the descriptors to send with it."""
+    """Run one storage request as its account's tenant (or a job's outputs' owner): the answer, and the descriptors to send with it."""
     if os.geteuid() != 0:
         raise ConfigError("storage requests need root: set runas_socket to the gpupool run-as helper's socket")
     asked = agent_request(settings, request)
-    tenant = lookup_tenant(settings, request["account"])
+    where = _where(settings, request)
+    if where is None:
+        return {"ok": False, "error": "not_found", "message": "no such job"}, []
+    tenant, asked["root"], device = where
     answer, fd = run_agent(settings, tenant.run_as(), asked)
+    if answer.get("error") == "unavailable" and str(request["op"]).startswith(OUTPUTS_PREFIX):
+        # The agent's word for a root it cannot open as its own: here, a job that made no output folder.
+        answer = {"ok": False, "error": "not_found", "message": "the job has no output folder"}
     if fd is None:
         return answer, []
     try:
         if asked["op"] not in _WITH_DESCRIPTOR or answer.get("ok") is not True:
             raise TenantError("the storage agent sent a descriptor with an answer that takes none")
-        check_descriptor(settings, request["account"], fd)
+        check_descriptor(fd, device, pipe=asked["op"] == "tar")
     except BaseException:
         os.close(fd)
         raise

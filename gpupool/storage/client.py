@@ -27,7 +27,7 @@ from gpupool.errors import (
     StorageUnavailable,
     TenantError,
 )
-from gpupool.storage.broker import MAX_ANSWER_BYTES, handle_file_request
+from gpupool.storage.broker import MAX_ANSWER_BYTES, OUTPUTS_PREFIX, PREFIX, handle_file_request
 from gpupool.storage.paths import StoragePath, upload_key
 
 # The agent's answers that are not the caller's error (gpupool.storage.agent), as the API says them.
@@ -141,9 +141,9 @@ class StorageClient:
             os.close(fd)
 
     def _call(
-        self, op: str, account: str, path: StoragePath, *, target: StoragePath | None = None, **fields: Any
+        self, op: str, account: str, path: StoragePath, *, target: StoragePath | None = None, prefix: str = PREFIX, **fields: Any
     ) -> Answer:
-        request: dict[str, Any] = {"op": f"files.{op}", "account": account, "path": "/".join(path.parts)}
+        request: dict[str, Any] = {"op": prefix + op, "account": account, "path": "/".join(path.parts)}
         if target is not None:
             request["target"] = "/".join(target.parts)
         request.update({name: value for name, value in fields.items() if value is not None})
@@ -177,3 +177,11 @@ class StorageClient:
 
     def mkdir(self, account: str, path: StoragePath) -> dict[str, Any]:
         return self._call("mkdir", account, path).facts
+
+    def output_get(self, account: str, job_id: str, path: StoragePath, *, limit: int = 1000, after: str | None = None) -> Answer:
+        """A file of the job's output folder opened for reading (``fd``), or a page of one of its folders, as the job's user."""
+        return self._call("get", account, path, prefix=OUTPUTS_PREFIX, job_id=job_id, folder=path.folder or None, limit=limit, after=after)
+
+    def output_tar(self, account: str, job_id: str) -> Answer:
+        """The job's output folder as a tar stream: ``fd`` is a pipe's read end, written by a process of the job's user."""
+        return self._call("tar", account, StoragePath((), True), prefix=OUTPUTS_PREFIX, job_id=job_id)

@@ -14,7 +14,7 @@ from gpupool_client import (
     compute_signature,
     verify_signature,
 )
-from gpupool_client._core import LineAssembler, RetryPolicy, session_is_open, submit_body
+from gpupool_client._core import LineAssembler, RetryPolicy, outputs_path, safe_name, session_is_open, submit_body
 from gpupool_client.cli import job_exit_code, parse_param
 from gpupool_client.client import Job
 from gpupool_client.errors import GpupoolError, error_from_response
@@ -108,3 +108,20 @@ def test_submit_body_carries_array_and_sweep() -> None:
     body = submit_body("hello", **common, array={"max_parallel": 2}, sweep={"message": ("a", "b")})  # type: ignore[arg-type]
     assert (body["array"], body["sweep"]) == ({"max_parallel": 2}, {"message": ["a", "b"]})
     assert "array" not in submit_body("hello", **common) and "sweep" not in submit_body("hello", **common)  # type: ignore[arg-type]
+
+
+def test_an_output_path_quotes_each_name_and_keeps_its_slashes() -> None:
+    assert outputs_path("j-1") == "/jobs/j-1/outputs/"
+    assert outputs_path("j/1", "run 1/a#b?.bin") == "/jobs/j%2F1/outputs/run%201/a%23b%3F.bin"
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\\b", "a\x00b"])
+def test_a_listed_name_that_could_leave_its_folder_is_refused(name: str) -> None:
+    with pytest.raises(GpupoolError) as refused:
+        safe_name(name)
+    assert refused.value.code == "name_refused"
+
+
+def test_a_plain_listed_name_is_kept() -> None:
+    assert safe_name("résumé .txt") == "résumé .txt"
+
