@@ -161,13 +161,29 @@ def _page_size() -> int:
     return int(raw)
 
 
-def _listing(path: StoragePath, facts: dict[str, Any]) -> Response:
+def _listing_document(path: StoragePath, facts: dict[str, Any]) -> dict[str, Any]:
     entries = [
         {"name": entry["name"], "type": entry["type"], "size": entry["size"], "modified": utc_text(_modified(entry["mtime_ns"]))}
         for entry in facts["entries"]
     ]
     shown = "/".join(path.parts) + ("/" if path.parts else "")
-    return jsonify({"path": shown, "entries": entries, "next_cursor": _cursor(facts.get("next_after")), "unlisted": facts.get("skipped", 0)})
+    return {"path": shown, "entries": entries, "next_cursor": _cursor(facts.get("next_after")), "unlisted": facts.get("skipped", 0)}
+
+
+def folder_listing(path: StoragePath, *, limit: int, cursor: str | None) -> dict[str, Any] | None:
+    """A page of the caller's folder, as ``GET /files/<folder>/`` answers it; None when ``path`` names a file.
+
+    For the Files page (api.web.files_page), which lists through the same storage calls as this API.
+    """
+    answer = _storage().get(_account(), path, limit=limit, after=_cursor_name(cursor))
+    if answer.fd is not None:
+        answer.close()
+        return None
+    return _listing_document(path, answer.facts)
+
+
+def _listing(path: StoragePath, facts: dict[str, Any]) -> Response:
+    return jsonify(_listing_document(path, facts))
 
 
 class _FileRange:
