@@ -42,6 +42,13 @@ def _crumbs(where: StoragePath) -> list[dict[str, str]]:
     return crumbs
 
 
+def _parent_url(where: StoragePath) -> str | None:
+    if where.is_root:
+        return None
+    above = where.parts[:-1]
+    return url_for("web.files", path="/".join(above) + "/" if above else "")
+
+
 def _rows(where: StoragePath, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     prefix = where.text
     rows = []
@@ -72,12 +79,13 @@ def _files_page(folder: str, *, error: GpupoolError | None = None) -> tuple[str,
             enabled=True,
             folder=where.text,
             crumbs=_crumbs(where),
-            parent_url=url_for("web.files", path="/".join(where.parts[:-1]) + "/" if len(where.parts) > 1 else "") if where.parts else None,
+            parent_url=_parent_url(where),
             rows=_rows(where, listing["entries"]),
             unlisted=listing["unlisted"],
             next_url=url_for("web.files", path=where.text, cursor=listing["next_cursor"]) if listing["next_cursor"] else None,
             first_url=url_for("web.files", path=where.text) if cursor else None,
-            upload_url=url_for("web_data.put_file_data", path=where.text + "NAME") if where.parts else url_for("web_data.put_file_data", path="NAME"),
+            # The script puts each file's name, quoted, in place of NAME.
+            upload_url=url_for("web_data.put_file_data", path=where.text + "NAME"),
             usage=usage,
             usage_text=(format_size(usage.stored_bytes), format_size(usage.available_bytes)) if usage is not None else None,
             error=error,
