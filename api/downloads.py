@@ -104,13 +104,18 @@ def page_size() -> int:
     return int(raw)
 
 
-def listing(path: StoragePath, facts: dict[str, Any]) -> Response:
+def listing_document(path: StoragePath, facts: dict[str, Any]) -> dict[str, Any]:
+    """A page of a folder as the API shows it (``/files``, ``/jobs/<id>/outputs``, the Files page)."""
     entries = [
         {"name": entry["name"], "type": entry["type"], "size": entry["size"], "modified": utc_text(modified(entry["mtime_ns"]))}
         for entry in facts["entries"]
     ]
     shown = "/".join(path.parts) + ("/" if path.parts else "")
-    return jsonify({"path": shown, "entries": entries, "next_cursor": _cursor(facts.get("next_after")), "unlisted": facts.get("skipped", 0)})
+    return {"path": shown, "entries": entries, "next_cursor": _cursor(facts.get("next_after")), "unlisted": facts.get("skipped", 0)}
+
+
+def listing(path: StoragePath, facts: dict[str, Any]) -> Response:
+    return jsonify(listing_document(path, facts))
 
 
 class _FileRange:

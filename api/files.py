@@ -43,6 +43,7 @@ from api.downloads import (
     download_replies,
     etag,
     listing,
+    listing_document,
     modified,
     page_size,
 )
@@ -112,6 +113,18 @@ def _entry(path: StoragePath, facts: dict[str, Any]) -> dict[str, Any]:
         "modified": utc_text(modified(facts["mtime_ns"])),
         "etag": f'"{etag(facts)}"' if kind == "file" else None,
     }
+
+
+def folder_listing(path: StoragePath, *, limit: int, cursor: str | None) -> dict[str, Any] | None:
+    """A page of the caller's folder, as ``GET /files/<folder>/`` answers it; None when ``path`` names a file.
+
+    For the Files page (api.web.files_page), which lists through the same storage calls as this API.
+    """
+    answer = _storage().get(_account(), path, limit=limit, after=cursor_name(cursor))
+    if answer.fd is not None:
+        answer.close()
+        return None
+    return listing_document(path, answer.facts)
 
 
 @operation(

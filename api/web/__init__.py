@@ -2,7 +2,7 @@
 
 Server-rendered (Jinja, autoescaped), readable without JavaScript; a little
 plain script (static files only, the CSP forbids inline code) refreshes job
-states and follows logs through JSON under /ui/data. The JSON API and its
+states, follows logs and uploads files through /ui/data. The JSON API and its
 bearer tokens are untouched: pages authenticate with their session cookie.
 """
 
@@ -12,7 +12,7 @@ from flask import Flask, redirect, url_for
 from flask_limiter import Limiter
 from werkzeug.wrappers import Response as BaseResponse
 
-from api.web import account_pages, operator  # noqa: F401  (their routes join web_bp)
+from api.web import account_pages, files_page, operator  # noqa: F401  (their routes join web_bp)
 from api.web.pages import submit_job, web_bp, web_data_bp
 from api.web.session import configure_sessions
 from gpupool.clock import utc_text

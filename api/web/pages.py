@@ -40,6 +40,7 @@ from gpupool import joblogs
 from gpupool.audit import SIGNIN, SIGNOUT
 from gpupool.db import utcnow
 from gpupool.errors import (
+    Forbidden,
     GpupoolError,
     LogUnavailable,
     NotFound,
@@ -75,7 +76,16 @@ PAGE_RULES = {
     "web.set_member_page": "members.put_member",
     "web.remove_member_page": "members.delete_member",
     "web.activity": "audit.list_audit",
+    "web.files": "files.get_file",
+    "web.delete_file_page": "files.delete_file",
+    "web.make_folder_page": "files.put_file",
+    "web_data.file_data": "files.get_file",
+    "web_data.put_file_data": "files.put_file",
 }
+# What a browser says of where a request comes from (Fetch Metadata): the pages' data answers their own origin's
+# scripts and the browser's own navigations only, never another site's page (a session's included), even one
+# that could send the cookie. A browser without Fetch Metadata sends none: the cookie's SameSite and the CSRF header hold.
+_OWN_ORIGIN = frozenset({"same-origin", "none"})
 CONTENT_SECURITY_POLICY = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 # How much of a log the job page shows before its script follows the rest.
 LOG_TAIL_BYTES = 64 * 1024
@@ -105,6 +115,11 @@ def _gate_pages() -> BaseResponse | None:
 
 @web_data_bp.before_request
 def _gate_data() -> None:
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in _OWN_ORIGIN:
+        raise Forbidden("the pages' data answers the pages of this site only", code="cross_origin")
+    if request.method not in ("GET", "HEAD"):
+        check_csrf(header=True)
     if g.get("principal") is None:
         raise Unauthorized("sign in again: the session has ended", code="session_ended")
     _check_page_role()
@@ -123,7 +138,8 @@ def _may_read_logs() -> bool:
 
 
 def _security_headers(response: Response) -> Response:
-    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    # A stricter policy of the answer's own stays (a downloaded file's: no script, sandboxed).
+    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
     response.headers["X-Frame-Options"] = "DENY"
     response.headers["Referrer-Policy"] = "no-referrer"
     response.headers["X-Content-Type-Options"] = "nosniff"
@@ -153,7 +169,7 @@ def _http_error_page(error: HTTPException) -> tuple[str, int]:
 
 @web_bp.app_context_processor
 def _page_context() -> dict[str, Any]:
-    return {"csrf_token": csrf_token, "caller": g.get("principal")}
+    return {"csrf_token": csrf_token, "caller": g.get("principal"), "storage_enabled": bool(app_state().settings.storage_root)}
 
 
 def _safe_next(target: str | None) -> str:

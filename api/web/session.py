@@ -28,6 +28,8 @@ COOKIE_NAME = "gpupool_session"
 COOKIE_PATH = "/ui"
 CSRF_KEY = "csrf"
 CSRF_FIELD = "csrf_token"
+# The pages' scripts send the same value in this header on their writes (a form sends it as CSRF_FIELD).
+CSRF_HEADER = "X-CSRF-Token"
 EXPIRES_KEY = "expires_at"
 _SECRET_LABEL = b"gpupool web session cookie v1"
 
@@ -75,8 +77,9 @@ def csrf_token() -> str:
     return value
 
 
-def check_csrf() -> None:
-    sent = request.form.get(CSRF_FIELD, "")
+def check_csrf(*, header: bool = False) -> None:
+    """The form's hidden field (or, with ``header``, the script's header) against the session's value."""
+    sent = request.headers.get(CSRF_HEADER, "") if header else request.form.get(CSRF_FIELD, "")
     expected = session.get(CSRF_KEY)
     if not isinstance(expected, str) or not hmac.compare_digest(sent.encode(), expected.encode()):
         raise Forbidden(

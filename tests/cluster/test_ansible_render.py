@@ -416,7 +416,8 @@ def test_the_accounts_volumes_are_mounted_at_boot_and_their_files_stream_through
     assert storage["Unit"]["Before"][0].split() == ["nfs-server.service", "gpupool-runas.service", "gpupool-api.service"]
     assert not rendered.path("gpu01", "etc/systemd/system/gpupool-storage.service").exists()
     site = rendered.text("ctl1", "etc/nginx/sites-available/gpupool")
-    files = site.split("location /files/ {", 1)[1].split("}", 1)[0]
+    # The API's /files and the Files page's /ui/data/files (its uploads), alike.
+    files = site.split("location ~ ^/(ui/data/)?files/ {", 1)[1].split("}", 1)[0]
     for directive in ("client_max_body_size 0;", "proxy_request_buffering off;", "proxy_buffering off;", "proxy_read_timeout 300s;"):
         assert directive in files
     environment = rendered.text("ctl1", "etc/gpupool/gpupool.env")

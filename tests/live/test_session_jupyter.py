@@ -5,7 +5,9 @@ production would use an image; the shipped `jupyter` template runs it with
 its bin folder first on PATH and nothing else changed. In the browser: sign
 in, open the session from the job page, and from JupyterLab's own page run
 code in a new kernel over its WebSocket, which prints the job's SLURM_JOB_ID
-and the GPUs Slurm gave it. Then a page of another tenant's session, in the
+and the GPUs Slurm gave it, and saves a file through JupyterLab's contents API:
+JupyterLab opened in the account's storage ($GPUPOOL_DATA, a real volume), so
+``/files`` serves the file and the Files page lists it. Then a page of another tenant's session, in the
 same browser, tries JupyterLab's terminal API and a kernel's WebSocket with
 the customer's own cookie (the shim's token makes jupyter_server skip its own
 Origin and XSRF checks, so nginx's are the ones that hold).
@@ -19,7 +21,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,17 +32,21 @@ from bench.support.services import TENANT_PREFIX
 from gpupool.config import Settings
 from gpupool.proc import run_command
 from tests.conftest import REPO, recorded_token, wait_for
-from tests.live import test_browser, test_sessions
+from tests.live import test_browser, test_sessions, test_storage
 from tests.live.conftest import Server, http
 from tests.live.test_browser import sign_in
 from tests.live.test_sessions import Proxy
+from tests.support.storage import storage_helper
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # Fixtures of the modules next door: headless Chromium, and the API with nginx in front.
 browser = test_browser.browser
-api_and_proxy = test_sessions.api_and_proxy
 queue_of_its_own = test_sessions.queue_of_its_own
 app_dir = test_sessions.app_dir
+# The account volumes of the storage tests (both accounts'), served through a run-as helper that knows their root.
+storage_root = test_storage.storage_root
+storage_settings = test_storage.storage_settings
+volumes = test_storage.volumes
 
 JUPYTER_VENV = Path("/var/tmp/gpupool-test-jupyterlab")
 # Runs in JupyterLab's page: a kernel, and one execute_request over the kernel's WebSocket.
@@ -69,7 +75,15 @@ const code = arguments[0];
   socket.onerror = () => done('websocket error');
 })().catch((error) => done('error: ' + error));
 """
-CELL = "import os; print(os.environ['SLURM_JOB_ID'], os.environ.get('SLURM_GPUS_ON_NODE'))"
+CELL = "import os; print(os.environ['SLURM_JOB_ID'], os.environ.get('SLURM_GPUS_ON_NODE'), os.getcwd())"
+# Saved from JupyterLab's page as its editor saves a file: PUT /api/contents/<path>, relative to its root folder.
+SAVED_NAME = "saved-in-jupyterlab.txt"
+SAVE_FILE = """
+const done = arguments[arguments.length - 1];
+fetch('/api/contents/' + arguments[0], {method: 'PUT', headers: {'Content-Type': 'application/json'},
+  body: JSON.stringify({type: 'file', format: 'text', content: arguments[1]})})
+  .then((answer) => done(answer.status)).catch((error) => done('error: ' + error));
+"""
 # Run on JupyterLab's own page: its terminals, and (with arguments[0]) a new one.
 TERMINALS = """
 const done = arguments[arguments.length - 1];
@@ -128,6 +142,23 @@ def session_templates_dir(jupyter_venv: Path) -> Iterator[str]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def storage_socket(job_root: Path, storage_root: Path, volumes: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with storage_helper(job_root, storage_root, tmp_path_factory.mktemp("jupyter-runas")) as socket_path:
+        yield socket_path
+
+
+@pytest.fixture
+def api_and_proxy(
+    start_server: Callable[..., Server], session_templates_dir: str, storage_socket: str, storage_root: Path,
+) -> Iterator[tuple[Server, Proxy]]:
+    """The API with sessions and account storage on (as a site with both runs), nginx in front."""
+    with test_sessions.serving_sessions(
+        start_server, templates_dir=session_templates_dir, runas_socket=storage_socket, storage_root=str(storage_root),
+    ) as both:
+        yield both
+
+
 def jupyter_ports(job_dir: Path) -> set[int]:
     """The ports JupyterLab says it serves on (its runtime files, in the job's HOME: the job's folder)."""
     runtime = job_dir / ".local" / "share" / "jupyter" / "runtime"
@@ -136,7 +167,7 @@ def jupyter_ports(job_dir: Path) -> set[int]:
 
 def test_jupyterlab_through_the_proxy_in_chromium(
     api_and_proxy: tuple[Server, Proxy], browser: WebDriver, live_settings: Settings, slurm_account: str, tenant_b: str,
-    app_dir: Path,
+    app_dir: Path, storage_root: Path,
 ) -> None:
     server, proxy = api_and_proxy
     token = recorded_token(live_settings, slurm_account, sub=f"j-{secrets.token_hex(3)}")
@@ -173,8 +204,12 @@ def test_jupyterlab_through_the_proxy_in_chromium(
     # A kernel of this JupyterLab, asked over its WebSocket from the page itself, runs in the Slurm job.
     browser.set_script_timeout(120)
     printed = browser.execute_async_script(RUN_CELL, CELL)
-    # The job's id and the one GPU Slurm gave it (the emulated GPUs set no CUDA_VISIBLE_DEVICES).
-    assert printed.split() == [str(job["slurm_job_id"]), "1"], printed
+    # The job's id and the one GPU Slurm gave it (the emulated GPUs set no CUDA_VISIBLE_DEVICES), in the account's storage.
+    assert printed.split() == [str(job["slurm_job_id"]), "1", str(storage_root / slurm_account)], printed
+    # A file saved in JupyterLab is in the account's storage: /files serves it (and the Files page lists it).
+    assert browser.execute_async_script(SAVE_FILE, SAVED_NAME, f"saved in job {job_id}\n") == 201
+    saved = http("GET", f"{server.url}/files/{SAVED_NAME}", token=token)
+    assert (saved.status, saved.body) == (200, f"saved in job {job_id}\n"), (saved.status, saved.body)
 
     # A page of another tenant's session, in this browser (lured there by its bearer link), posts to this
     # JupyterLab's terminal API and opens a kernel's WebSocket: the browser sends the customer's cookie
@@ -211,3 +246,8 @@ def test_jupyterlab_through_the_proxy_in_chromium(
             capture_output=True, text=True, timeout=30, check=False, env={"PATH": "/usr/bin:/bin"},
         )
         assert probe.stdout.strip() == "refused", (port, probe.stdout, probe.stderr)
+
+    # The file saved in JupyterLab, on gpupool's own Files page (its origin: the customer's sign-in still holds).
+    browser.switch_to.window(browser.window_handles[0])
+    browser.get(f"{server.url}/ui/files/")
+    assert browser.find_elements(By.CSS_SELECTOR, f'#files tr[data-name="{SAVED_NAME}"]')

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,17 +299,25 @@ def stop_proxy(proxy: Proxy) -> None:
     shutil.rmtree(proxy.state_dir, ignore_errors=True)
 
 
-@pytest.fixture
-def api_and_proxy(start_server: Callable[..., Server], session_templates_dir: str | None) -> Iterator[tuple[Server, Proxy]]:
+@contextmanager
+def serving_sessions(start_server: Callable[..., Server], **settings: str) -> Iterator[tuple[Server, Proxy]]:
+    """The API with sessions on, and nginx in front of them; ``settings`` are the API's own besides."""
     port = free_port()
-    extra = {} if session_templates_dir is None else {"templates_dir": session_templates_dir}
     server = start_server(
         session_proxy_key=PROXY_KEY, sessions_url=f"http://sessions.localhost:{port}", session_ports="20000-29999",
-        webhook_allow_cidrs="127.0.0.0/8", **extra,
+        webhook_allow_cidrs="127.0.0.0/8", **settings,
     )
     proxy = start_proxy(server)
-    yield server, proxy
-    stop_proxy(proxy)
+    try:
+        yield server, proxy
+    finally:
+        stop_proxy(proxy)
+
+
+@pytest.fixture
+def api_and_proxy(start_server: Callable[..., Server], session_templates_dir: str | None) -> Iterator[tuple[Server, Proxy]]:
+    with serving_sessions(start_server, **({} if session_templates_dir is None else {"templates_dir": session_templates_dir})) as both:
+        yield both
 
 
 def start_session(server: Server, token: str, app_dir: Path, **extra: object) -> dict:

@@ -215,7 +215,8 @@ SESSION_GOLDENS: dict[str, tuple[str, dict[str, str], str | None]] = {
     "webapp-none": ("webapp", {"command": 'exec python3 -m http.server --bind 127.0.0.1 "$GPUPOOL_APP_PORT"'}, None),
     "webapp-comfyui-pyxis": (
         "webapp",
-        {"command": 'cd /opt/ComfyUI && exec python main.py --listen 127.0.0.1 --port "$GPUPOOL_APP_PORT"'},
+        {"command": 'cd /opt/ComfyUI && exec python main.py --listen 127.0.0.1 --port "$GPUPOOL_APP_PORT" '
+                    '--output-directory "$GPUPOOL_DATA/comfyui/output" --input-directory "$GPUPOOL_DATA/comfyui/input"'},
         "ghcr.io#ai-dock/comfyui:latest",
     ),
     "webapp-sdwebui-pyxis": (
