@@ -44,6 +44,7 @@ from gpupool.models.jobs import SUBMITTING
 from gpupool.render import ArraySpec, JobSpec, RenderedJob, param_text, render
 from gpupool.sessions import new_session
 from gpupool.slurm.client import GpuInventory
+from gpupool.slurm.runas.request import Sbatch
 from gpupool.storage.paths import account_storage_dir
 from gpupool.templates import Template
 from gpupool.tokens import Principal
@@ -289,8 +290,10 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
     try:
         with stage("sbatch"):  # the run-as helper, and sbatch as the tenant
             slurm_job_id = app.slurm.submit(
-                job.account, job.id, rendered.script, rendered.options, session_secret=session_secret,
-                array_values=rendered.array_values, user=job.unix_user,
+                Sbatch(
+                    job.account, job.id, rendered.script, rendered.options, session_secret=session_secret,
+                    array_values=rendered.array_values, user=job.unix_user,
+                )
             )
     except (CommandTimedOut, SubmissionUncertain) as exc:
         # sbatch may still have reached slurmctld: never guess, look for the tag.
@@ -581,7 +584,7 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
     job = _new_job(app, caller, req, admitted, None, "")
     rendered = render(_spec(app, job))
     try:
-        estimated = app.slurm.test_submit(job.account, job.id, rendered.script, rendered.options, user=job.unix_user)
+        estimated = app.slurm.test_submit(Sbatch(job.account, job.id, rendered.script, rendered.options, user=job.unix_user))
     except SlurmRejected as exc:
         explained = _explained(app, session, exc, job)
         if explained is None:

@@ -27,6 +27,7 @@ from gpupool.config import load_settings
 from gpupool.proc import minimal_env, run_command
 from gpupool.render import JobSpec, render
 from gpupool.slurm.runas.client import RunasClient
+from gpupool.slurm.runas.request import Sbatch
 from gpupool.slurm.tenants import ensure_tenant_folder, lookup_tenant
 from gpupool.templates import load_templates
 
@@ -71,7 +72,7 @@ def main() -> None:
 
         def via_helper() -> None:
             job_id, helper_script, helper_options = rendered_for(account, job_root)
-            helper.submit(account, job_id, helper_script, [*helper_options], timeout_s=30)
+            helper.submit(Sbatch(account, job_id, helper_script, [*helper_options]), timeout_s=30)
 
         def via_sudo() -> None:
             run_command([SUDO, "-n", "-u", tenant.user, *sbatch], timeout_s=30, env=minimal_env(), cwd=str(direct_dir))

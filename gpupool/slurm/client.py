@@ -55,6 +55,7 @@ from gpupool.slurm.report import (
 )
 from gpupool.slurm.runas.actions import TenantActions, tenant_actions
 from gpupool.slurm.runas.engine import BUDGET_TRES
+from gpupool.slurm.runas.request import Sbatch
 
 T = TypeVar("T")
 log = logging.getLogger("gpupool.slurm")
@@ -435,26 +436,13 @@ class SlurmClient:
 
     # -- jobs ---------------------------------------------------------------------
 
-    def submit(
-        self,
-        account: str,
-        job_id: str,
-        script: str,
-        options: Sequence[str],
-        *,
-        session_secret: str | None = None,
-        array_values: Sequence[str] | None = None,
-        user: str | None = None,
-    ) -> int:
+    def submit(self, sbatch: Sbatch) -> int:
         """Submit a rendered script as the account's tenant (or its member user ``user``); options on the command line override its directives."""
         timeout_s = self.settings.slurm_submit_timeout_s
         try:
             result = self._as_tenant(
                 "sbatch",
-                lambda: self.tenants.submit(
-                    account, job_id, script, options, timeout_s=timeout_s, session_secret=session_secret,
-                    array_values=array_values, user=user,
-                ),
+                lambda: self.tenants.submit(sbatch, timeout_s=timeout_s),
             )
         except CommandFailed as exc:
             # Killed by a signal, sbatch may have been anywhere, waiting for the reply included.
@@ -474,9 +462,7 @@ class SlurmClient:
             raise SlurmUnavailable(f"sbatch printed no job id: {result.stdout!r}")
         return slurm_job_id
 
-    def test_submit(
-        self, account: str, job_id: str, script: str, options: Sequence[str], user: str | None = None
-    ) -> dt.datetime | None:
+    def test_submit(self, sbatch: Sbatch) -> dt.datetime | None:
         """Slurm's estimate of when this job would start (``sbatch --test-only`` as the tenant); nothing is submitted.
 
         Slurm's refusal is the one a real sbatch of the same job would get, so it is
@@ -487,7 +473,7 @@ class SlurmClient:
             # Apart in the metrics: a quote Slurm refuses is no failed submission.
             result = self._as_tenant(
                 "sbatch --test-only",
-                lambda: self.tenants.test_submit(account, job_id, script, options, timeout_s=timeout_s, user=user),
+                lambda: self.tenants.test_submit(sbatch, timeout_s=timeout_s),
             )
         except CommandFailed as exc:
             if exc.returncode < 0 or any(

@@ -32,6 +32,7 @@ from gpupool.config import Settings
 from gpupool.errors import RunasUnavailable, TenantError
 from gpupool.render import JobSpec, RenderedJob, render
 from gpupool.slurm.runas.client import RunasClient
+from gpupool.slurm.runas.request import Sbatch
 from tests.conftest import (
     JWT_SECRET,
     base_settings,
@@ -268,7 +269,7 @@ def test_the_helper_refuses_a_script_whose_sbatch_lines_say_more_than_its_option
     client = helper_client(strict_helper, job_root)
     job_id, job = job_for(slurm_account, job_root)
     with pytest.raises(TenantError, match="not one of the options gpupool submits it with") as refused:
-        client.submit(slurm_account, job_id, with_directive(job.script, directive), list(job.options), timeout_s=10)
+        client.submit(Sbatch(slurm_account, job_id, with_directive(job.script, directive), list(job.options)), timeout_s=10)
     assert directive.split(None, 1)[1] in str(refused.value)
     # Refused before anything was made or run: no folder, no job in Slurm.
     assert not (job_root / slurm_account / job_id).exists()
@@ -280,7 +281,7 @@ def test_the_same_script_without_the_planted_line_is_submitted(strict_helper: st
     client = helper_client(strict_helper, job_root)
     job_id, job = job_for(slurm_account, job_root)
     try:
-        result = client.submit(slurm_account, job_id, with_directive(job.script, "# no directive"), list(job.options), timeout_s=10)
+        result = client.submit(Sbatch(slurm_account, job_id, with_directive(job.script, "# no directive"), list(job.options)), timeout_s=10)
         slurm_job_id = int(result.stdout.strip().split(";")[0])
         # slurmdbd may record a pending job before its comment arrives: wait for the comment too.
         def recorded() -> dict[str, str] | None:
@@ -301,7 +302,7 @@ def test_the_helper_refuses_a_path_that_climbs_out_of_the_job_folder(
     job_dir = job_root / slurm_account / job_id
     options = [f"--chdir={job_dir}/.." if o.startswith("--chdir=") else o for o in job.options]
     with pytest.raises(TenantError, match="a path with '..'"):
-        client.submit(slurm_account, job_id, job.script, options, timeout_s=10)
+        client.submit(Sbatch(slurm_account, job_id, job.script, options), timeout_s=10)
     assert not job_dir.exists()
 
 

@@ -19,6 +19,7 @@ from gpupool.slurm.runas.checks import _ACCOUNT, check_script, check_submit_opti
 from gpupool.slurm.runas.client import RunasClient
 from gpupool.slurm.runas.directives import script_directives
 from gpupool.slurm.runas.launch import HELPER_SETTINGS, helper_environment
+from gpupool.slurm.runas.request import Sbatch
 from gpupool.slurm.tenants import UNIX_USER_NAME, member_user_name, tenant_user_name
 
 JOB_ID = "0b0e4c8e-8a8f-4a2b-9a59-0f6b3c1d2e4f"
@@ -321,7 +322,7 @@ def test_a_helper_that_takes_a_submit_and_drops_the_connection_leaves_it_uncerta
     taker.start()
     client = RunasClient(Settings(service_user="gpupool", service_group="gpupool", runas_socket=path))
     with pytest.raises(SubmissionUncertain):
-        client.submit("acme", JOB_ID, "#!/bin/bash\n", rendered_options(), timeout_s=2)
+        client.submit(Sbatch("acme", JOB_ID, "#!/bin/bash\n", rendered_options()), timeout_s=2)
     taker.join()
     listener.close()
 
@@ -329,4 +330,4 @@ def test_a_helper_that_takes_a_submit_and_drops_the_connection_leaves_it_uncerta
 def test_no_helper_at_all_is_unavailable_and_nothing_was_sent(tmp_path: Path) -> None:
     client = RunasClient(Settings(service_user="gpupool", service_group="gpupool", runas_socket=str(tmp_path / "none.sock")))
     with pytest.raises(RunasUnavailable, match="not answering"):
-        client.submit("acme", JOB_ID, "#!/bin/bash\n", rendered_options(), timeout_s=2)
+        client.submit(Sbatch("acme", JOB_ID, "#!/bin/bash\n", rendered_options()), timeout_s=2)

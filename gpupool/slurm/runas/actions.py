@@ -9,25 +9,13 @@ from gpupool.config import Settings
 from gpupool.proc import CommandResult
 from gpupool.slurm.runas.client import RunasClient
 from gpupool.slurm.runas.engine import DirectTenantActions
+from gpupool.slurm.runas.request import Sbatch
 
 
 class TenantActions(Protocol):
-    def submit(
-        self,
-        account: str,
-        job_id: str,
-        script: str,
-        options: Sequence[str],
-        *,
-        timeout_s: float,
-        session_secret: str | None = None,
-        array_values: Sequence[str] | None = None,
-        user: str | None = None,
-    ) -> CommandResult: ...
+    def submit(self, sbatch: Sbatch, *, timeout_s: float) -> CommandResult: ...
 
-    def test_submit(
-        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, user: str | None = None
-    ) -> CommandResult: ...
+    def test_submit(self, sbatch: Sbatch, *, timeout_s: float) -> CommandResult: ...
 
     def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None, user: str | None = None) -> CommandResult: ...
 

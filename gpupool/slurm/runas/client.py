@@ -10,6 +10,7 @@ from typing import Any
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, CommandTimedOut, RunasUnavailable, SubmissionUncertain, TenantError
 from gpupool.proc import CommandResult
+from gpupool.slurm.runas.request import Sbatch
 
 
 class RunasClient:
@@ -69,38 +70,11 @@ class RunasClient:
             raise CommandFailed(argv, int(answer.get("returncode") or 1), answer.get("stderr") or "")
         return CommandResult(tuple(argv), int(answer["returncode"]), answer["stdout"], answer["stderr"], 0.0)
 
-    def submit(
-        self,
-        account: str,
-        job_id: str,
-        script: str,
-        options: Sequence[str],
-        *,
-        timeout_s: float,
-        session_secret: str | None = None,
-        array_values: Sequence[str] | None = None,
-        user: str | None = None,
-    ) -> CommandResult:
-        request: dict[str, Any] = {
-            "op": "submit", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s,
-        }
-        if session_secret is not None:
-            request["session_secret"] = session_secret
-        if array_values is not None:
-            request["array_values"] = list(array_values)
-        if user is not None:
-            request["user"] = user
-        return self._result(["sbatch", *options], self._call(request, timeout_s))
+    def submit(self, sbatch: Sbatch, *, timeout_s: float) -> CommandResult:
+        return self._result(["sbatch", *sbatch.options], self._call(sbatch.wire("submit", timeout_s), timeout_s))
 
-    def test_submit(
-        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, user: str | None = None
-    ) -> CommandResult:
-        request: dict[str, Any] = {
-            "op": "test", "account": account, "job_id": job_id, "script": script, "options": list(options), "timeout_s": timeout_s,
-        }
-        if user is not None:
-            request["user"] = user
-        return self._result(["sbatch", "--test-only", *options], self._call(request, timeout_s))
+    def test_submit(self, sbatch: Sbatch, *, timeout_s: float) -> CommandResult:
+        return self._result(["sbatch", "--test-only", *sbatch.options], self._call(sbatch.wire("test", timeout_s), timeout_s))
 
     def cancel(self, account: str, slurm_job_ids: Sequence[int | str] | None = None, user: str | None = None) -> CommandResult:
         request: dict[str, Any] = {

@@ -29,6 +29,7 @@ from gpupool.slurm.runas.checks import (
     check_submit_options,
     job_folder,
 )
+from gpupool.slurm.runas.request import Sbatch
 from gpupool.slurm.tenants import Tenant, account_users, ensure_tenant_folder, lookup_member, lookup_tenant, service_gid
 
 SCRIPT_NAME = "job.sbatch"
@@ -65,53 +66,41 @@ class DirectTenantActions:
              "SLURM_UMASK": JOB_UMASK}
         )
 
-    def submit(
-        self,
-        account: str,
-        job_id: str,
-        script: str,
-        options: Sequence[str],
-        *,
-        timeout_s: float,
-        session_secret: str | None = None,
-        array_values: Sequence[str] | None = None,
-        user: str | None = None,
-    ) -> CommandResult:
-        job_dir = job_folder(self.settings, account, job_id)
-        tenant = self._tenant(account, user)
-        argv_options = check_submit_options(self.settings, list(options), account, job_id)
-        data = check_script(script, argv_options)
-        check_session_secret(session_secret)
+    def submit(self, sbatch: Sbatch, *, timeout_s: float) -> CommandResult:
+        job_dir = job_folder(self.settings, sbatch.account, sbatch.job_id)
+        tenant = self._tenant(sbatch.account, sbatch.user)
+        argv_options = check_submit_options(self.settings, list(sbatch.options), sbatch.account, sbatch.job_id)
+        data = check_script(sbatch.script, argv_options)
+        check_session_secret(sbatch.session_secret)
         tasks = array_count(argv_options)
-        values = check_array_values(array_values, tasks)
-        ensure_tenant_folder(self.settings, tenant, job_id)
-        self._write_service_files(job_dir, data, tenant, session_secret, tasks)
+        values = check_array_values(sbatch.array_values, tasks)
+        ensure_tenant_folder(self.settings, tenant, sbatch.job_id)
+        self._write_service_files(job_dir, data, tenant, sbatch.session_secret, tasks)
         if values is not None:
             self._write_array_values(job_dir, values, tenant)
         # On standard input, not by path: the folder is the tenant's, and a tenant's
         # process could swap the file between this check and sbatch's read.
         argv = [self.settings.slurm_bin("sbatch"), "--parsable", *argv_options]
         return run_command(
-            argv, timeout_s=timeout_s, input_text=script, env=self._env(tenant, job_dir), run_as=tenant.run_as(),
+            argv, timeout_s=timeout_s, input_text=sbatch.script, env=self._env(tenant, job_dir), run_as=tenant.run_as(),
             cwd=str(job_dir),
         )
 
-    def test_submit(
-        self, account: str, job_id: str, script: str, options: Sequence[str], *, timeout_s: float, user: str | None = None
-    ) -> CommandResult:
+    def test_submit(self, sbatch: Sbatch, *, timeout_s: float) -> CommandResult:
         """``sbatch --test-only`` as the tenant, on what ``submit`` would send: Slurm's estimate, and no job.
 
         The flag is added here, never taken from the caller (it is not in the
         option list), so ``submit`` cannot be made a test and this cannot submit.
         Nothing is written: the folder the options name need not exist, since
-        sbatch only reads it at the job's start, which a test never has.
+        sbatch only reads it at the job's start, which a test never has. The
+        session secret and array values are not looked at: nothing runs.
         """
-        tenant = self._tenant(account, user)
-        argv_options = check_submit_options(self.settings, list(options), account, job_id)
-        check_script(script, argv_options)
+        tenant = self._tenant(sbatch.account, sbatch.user)
+        argv_options = check_submit_options(self.settings, list(sbatch.options), sbatch.account, sbatch.job_id)
+        check_script(sbatch.script, argv_options)
         argv = [self.settings.slurm_bin("sbatch"), "--test-only", *argv_options]
         return run_command(
-            argv, timeout_s=timeout_s, input_text=script, env=self._env(tenant, Path("/")), run_as=tenant.run_as(), cwd="/",
+            argv, timeout_s=timeout_s, input_text=sbatch.script, env=self._env(tenant, Path("/")), run_as=tenant.run_as(), cwd="/",
         )
 
     def _write_service_files(
@@ -222,18 +211,7 @@ class DirectTenantActions:
         if gpu_minutes is not None and (not isinstance(gpu_minutes, int) or isinstance(gpu_minutes, bool) or gpu_minutes < 0):
             raise TenantError("a budget is a whole number of GPU-minutes, 0 or more, or none")
         value = "-1" if gpu_minutes is None else str(gpu_minutes)
-        result = run_command(
-            [self.settings.slurm_bin("sacctmgr"), "--immediate", "modify", "account", "where", f"name={account}",
-             "set", f"GrpTRESMins={BUDGET_TRES}={value}"],
-            timeout_s=self.settings.slurm_query_timeout_s,
-            env=minimal_env({"HOME": "/"}),
-            check=False,
-            cwd="/",
-        )
-        # sacctmgr exits 1 with "Nothing modified" when the limit is already set.
-        if result.returncode != 0 and "Nothing modified" not in result.stdout + result.stderr:
-            raise CommandFailed(result.argv, result.returncode, result.stderr)
-        return result
+        return self._sacctmgr_modify(["account", "where", f"name={account}", "set", f"GrpTRESMins={BUDGET_TRES}={value}"])
 
     def set_member_limits(self, account: str, user: str, gpu_limit: int | None, gpu_minutes: int | None) -> CommandResult:
         """GrpTRES and GrpTRESMins (gres/gpu) of a member user's own association under ``account``, as root.
@@ -252,14 +230,21 @@ class DirectTenantActions:
             if number is not None and (not isinstance(number, int) or isinstance(number, bool) or number < 0):
                 raise TenantError(f"a member's {what} is a whole number, 0 or more, or none")
             values.append("-1" if number is None else str(number))
+        return self._sacctmgr_modify(
+            ["user", "where", f"name={tenant.user}", f"account={account}",
+             "set", f"GrpTRES={BUDGET_TRES}={values[0]}", f"GrpTRESMins={BUDGET_TRES}={values[1]}"]
+        )
+
+    def _sacctmgr_modify(self, args: list[str]) -> CommandResult:
+        """``sacctmgr --immediate modify ARGS`` as root; a limit already at that value is no failure."""
         result = run_command(
-            [self.settings.slurm_bin("sacctmgr"), "--immediate", "modify", "user", "where", f"name={tenant.user}",
-             f"account={account}", "set", f"GrpTRES={BUDGET_TRES}={values[0]}", f"GrpTRESMins={BUDGET_TRES}={values[1]}"],
+            [self.settings.slurm_bin("sacctmgr"), "--immediate", "modify", *args],
             timeout_s=self.settings.slurm_query_timeout_s,
             env=minimal_env({"HOME": "/"}),
             check=False,
             cwd="/",
         )
+        # sacctmgr exits 1 with "Nothing modified" when the limit is already set.
         if result.returncode != 0 and "Nothing modified" not in result.stdout + result.stderr:
             raise CommandFailed(result.argv, result.returncode, result.stderr)
         return result

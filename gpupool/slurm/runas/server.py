@@ -29,6 +29,7 @@ from gpupool.errors import CommandFailed, CommandTimedOut, ConfigError, TenantEr
 from gpupool.proc import CommandResult
 from gpupool.slurm.runas.checks import MAX_REQUEST_BYTES
 from gpupool.slurm.runas.engine import DirectTenantActions
+from gpupool.slurm.runas.request import Sbatch
 from gpupool.slurm.tenants import service_gid
 from gpupool.storage.broker import handle_file_request, is_file_request
 
@@ -131,21 +132,12 @@ class _Handler(socketserver.BaseRequestHandler):
             raise TenantError("user must be a string")
         if op == "submit":
             timeout_s = min(float(request["timeout_s"]), self.server.max_timeout_s)
-            secret = request.get("session_secret")
-            if secret is not None and not isinstance(secret, str):
-                raise TenantError("session_secret must be a string")
-            result = actions.submit(
-                account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s, session_secret=secret,
-                array_values=request.get("array_values"), user=user,
-            )
+            result = actions.submit(Sbatch.from_wire(request), timeout_s=timeout_s)
             log.info("sbatch as %s (%s) for job %s: %s", account, user or "account", request["job_id"], result.stdout.strip())
             return _result_payload(result)
         if op == "test":
             timeout_s = min(float(request["timeout_s"]), self.server.max_timeout_s)
-            result = actions.test_submit(
-                account, request["job_id"], request["script"], request["options"], timeout_s=timeout_s, user=user
-            )
-            return _result_payload(result)
+            return _result_payload(actions.test_submit(Sbatch.from_wire(request), timeout_s=timeout_s))
         if op == "cancel":
             ids = request.get("slurm_job_ids")
             result = actions.cancel(account, None if ids is None else list(ids), user=user)
