@@ -10,7 +10,7 @@ from werkzeug.exceptions import TooManyRequests
 
 from api.context import app_state, db_session
 from api.routing import Public, access_of
-from gpupool.api_keys import TEMPLATE_ENDPOINTS, is_api_key, principal_for_key, require_scope
+from gpupool.api_keys import is_api_key, principal_for_key, require_scope
 from gpupool.db import utcnow
 from gpupool.errors import Forbidden, Unauthorized
 from gpupool.members import require_role
@@ -34,6 +34,9 @@ PAGE_BLUEPRINTS = frozenset({"web", "web_data"})
 PAGE_SESSION_KEY = "sid"
 # The reverse proxy's endpoints (api.sessions) check the proxy's own key instead.
 PROXY_BLUEPRINTS = frozenset({"session_proxy"})
+# The endpoints that run a template: a template-limited API key is checked on these, and only
+# these have their body read here (tests/api/test_api_keys.py asserts they are the ones that submit).
+TEMPLATE_ENDPOINTS = frozenset({"submit.submit_job", "submit.quote_job"})
 
 
 def authenticate() -> None:
@@ -95,8 +98,9 @@ def _authenticate(roles: frozenset[str]) -> None:
         # Keys are checked against their row on every request: a revocation or expiry shows at once.
         g.principal = principal_for_key(db_session(), token, utcnow())
         # Only where a key's templates matter: elsewhere the body may be a large upload, never read whole.
-        body = request.get_json(silent=True) if request.is_json and request.endpoint in TEMPLATE_ENDPOINTS else None
-        require_scope(g.principal, request.method, request.endpoint, body.get("template") if isinstance(body, dict) else None)
+        takes_template = request.endpoint in TEMPLATE_ENDPOINTS
+        body = request.get_json(silent=True) if request.is_json and takes_template else None
+        require_scope(g.principal, request.method, takes_template, body.get("template") if isinstance(body, dict) else None)
     else:
         g.principal = principal_for_token(token)
     caller: Principal = g.principal

@@ -38,11 +38,6 @@ class NewKey:
     secret: str  # the whole bearer value, shown once
 
 
-# The API's endpoints that take a template: a template-limited key is checked on these
-# (tests/api/test_api_keys.py asserts they are the app's endpoints that submit).
-TEMPLATE_ENDPOINTS = frozenset({"submit.submit_job", "submit.quote_job"})
-
-
 def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -147,12 +142,15 @@ def principal_for_key(session: Session, token: str, now: dt.datetime) -> Princip
     )
 
 
-def require_scope(caller: Principal, method: str, endpoint: str | None, template: object) -> None:
-    """Forbidden when a key asks for more than its scope or its templates allow."""
+def require_scope(caller: Principal, method: str, takes_template: bool, template: object) -> None:
+    """Forbidden when a key asks for more than its scope or its templates allow.
+
+    ``takes_template``: the request is one that runs a template (the API knows which), ``template`` its name.
+    """
     if caller.scope is None:
         return
     if caller.scope == "read" and method not in ("GET", "HEAD", "OPTIONS"):
         raise Forbidden("a key with scope 'read' cannot change anything", code="scope_insufficient")
-    if caller.templates is not None and endpoint in TEMPLATE_ENDPOINTS:
+    if caller.templates is not None and takes_template:
         if template not in caller.templates:
             raise Forbidden(f"this key may submit only {', '.join(caller.templates)}", code="template_not_allowed")

@@ -9,7 +9,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
 
-from gpupool.api_keys import TEMPLATE_ENDPOINTS
+from api.auth import TEMPLATE_ENDPOINTS
 from gpupool.config import Settings
 from gpupool.models import ApiKey
 from tests.conftest import bearer
