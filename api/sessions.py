@@ -19,7 +19,7 @@ import hmac
 from flask import Blueprint, Response, jsonify, request
 
 from api.context import app_state, db_session, principal
-from api.jobs import JOB_ID_PARAM, _refresh_if_unfinished, _visible_job
+from api.jobs.lookup import JOB_ID_PARAM, refresh_if_unfinished, visible_job
 from api.routing import Reply, operation
 from api.schemas import SessionOut
 from gpupool.config import Settings
@@ -56,7 +56,7 @@ OPEN_PAGE = """<!doctype html>
 
 
 def _session_of(job_id: str) -> tuple[Job, JobSession]:
-    job = _visible_job(job_id)
+    job = visible_job(job_id)
     record = db_session().get(JobSession, job.id)
     if record is None:
         raise NotFound(f"job {job.id} is not a session (its template {job.template!r} is not a session template)")
@@ -70,7 +70,7 @@ def _session_of(job_id: str) -> tuple[Job, JobSession]:
 )
 def get_session(job_id: str) -> Response:
     job, record = _session_of(job_id)
-    _refresh_if_unfinished(job)
+    refresh_if_unfinished(job)
     session = db_session()
     settings = app_state().settings
     now = utcnow()

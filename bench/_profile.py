@@ -46,7 +46,7 @@ WORKER_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("token check", ("authenticate (api/auth.py",)),
     ("rate limit (Redis)", ("flask_limiter/",)),
     ("request body (JSON, pydantic)", ("_submit_body (",)),
-    ("response (job view, JSON)", ("submit_job (api/jobs.py",)),
+    ("response (job view, JSON)", ("submit_job (api/jobs/submitting.py",)),
     ("end of request (session close)", ("close_db_session (",)),
     ("metrics, Server-Timing", ("api/metrics.py",)),
     ("gunicorn, HTTP, Flask", ("handle_request (gunicorn",)),

@@ -19,12 +19,15 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
 from api import billing as billing_api
-from api import jobs as jobs_api
 from api import sessions as sessions_api
 from api.audit import audit
 from api.auth import PAGE_SESSION_KEY, count_unauthenticated, principal_for_token
 from api.context import app_state, calendar_now, db_session, principal
 from api.errors import status_for
+from api.jobs import detail as job_detail
+from api.jobs import listing as job_listing
+from api.jobs import logs as job_logs_api
+from api.jobs import submitting as job_submitting
 from api.metrics import JOBS_SUBMITTED
 from api.routing import roles_of
 from api.submission import quote, request_fingerprint, submit
@@ -228,7 +231,7 @@ def signout() -> BaseResponse:
 @web_bp.get("/jobs")
 def jobs() -> str:
     # The API's own listing: its tenant rules, state filter, paging and Slurm refresh.
-    listing = jobs_api.list_jobs().get_json()
+    listing = job_listing.list_jobs().get_json()
     return render_template("web/jobs.html", jobs=listing["jobs"], next_cursor=listing["next_cursor"])
 
 
@@ -236,7 +239,7 @@ def _read_log_tail(job: Job, stream: str) -> tuple[str, int, str | None]:
     """The log's last bytes from a line start, the offset after them, and why none could be read."""
     try:
         # The uid the job ran as: its member's own, or the account's (the API's own rule).
-        handle = joblogs.open_log(log_path(job.job_dir, stream), owner_uid=jobs_api.owner_uid(job))
+        handle = joblogs.open_log(log_path(job.job_dir, stream), owner_uid=job_logs_api.owner_uid(job))
     except LogUnavailable as exc:
         return "", 0, exc.message
     if handle is None:
@@ -267,7 +270,7 @@ def _timeline(view: dict[str, Any]) -> list[dict[str, Any]]:
 
 @web_bp.get("/jobs/<job_id>")
 def job(job_id: str) -> str:
-    view = jobs_api.get_job(job_id).get_json()  # another account's job is the API's 404
+    view = job_detail.get_job(job_id).get_json()  # another account's job is the API's 404
     row = db_session().get(Job, view["job_id"])
     assert row is not None
     logs = []
@@ -336,17 +339,17 @@ def open_session_by_label(label: str) -> BaseResponse:
 
 @web_data_bp.get("/jobs")
 def jobs_data() -> Response:
-    return jobs_api.list_jobs()
+    return job_listing.list_jobs()
 
 
 @web_data_bp.get("/jobs/<job_id>")
 def job_data(job_id: str) -> Response:
-    return jobs_api.get_job(job_id)
+    return job_detail.get_job(job_id)
 
 
 @web_data_bp.get("/jobs/<job_id>/logs")
 def job_log_data(job_id: str) -> Response:
-    return jobs_api.job_logs(job_id)
+    return job_logs_api.job_logs(job_id)
 
 
 # -- submit -------------------------------------------------------------------
@@ -414,10 +417,10 @@ def submit_job() -> BaseResponse | tuple[str, int]:
     entered = request.form.to_dict()
     try:
         body = submit_body(template_name, template.parameter_schema(), entered)
-        req = jobs_api.submit_request(body)
+        req = job_submitting.submit_request(body)
         fingerprint = request_fingerprint(body)
         if request.form.get("action") != "submit" or request.form.get(_QUOTED_FIELD) != fingerprint:
-            found = jobs_api.quote_view(quote(app_state(), db_session(), principal(), req))
+            found = job_submitting.quote_view(quote(app_state(), db_session(), principal(), req))
             return _submit_page(template_name, entered=entered, error=None, quoted=found, quoted_body=fingerprint)
         # The form's one-time key: a double click or a resent form submits the job once.
         key = entered.get(_SUBMISSION_FIELD) or None
