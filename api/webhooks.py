@@ -161,15 +161,7 @@ def list_deliveries(endpoint_id: str) -> Response:
     for attempt in session.scalars(
         select(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(list(attempts))).order_by(WebhookAttempt.id)
     ):
-        attempts[attempt.delivery_id].append(
-            DeliveryAttemptOut(
-                attempted_at=attempt.attempted_at,
-                duration_ms=attempt.duration_ms,
-                status_code=attempt.status_code,
-                error=attempt.error,
-                response_excerpt=attempt.response_excerpt,
-            )
-        )
+        attempts[attempt.delivery_id].append(DeliveryAttemptOut.model_validate(attempt, from_attributes=True))
     deliveries = [
         DeliveryOut(
             event_id=event.id,

@@ -17,7 +17,7 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 import jwt
 from sqlalchemy import select
@@ -106,16 +106,20 @@ class TokenClaims:
     expires_at: dt.datetime
 
 
-def new_claims(
-    settings: Settings,
-    *,
-    sub: str,
-    account: str,
-    role: str = "customer",
-    ttl_s: int | None = None,
-    now: dt.datetime | None = None,
-) -> TokenClaims:
+class ClaimsAsked(TypedDict, total=False):
+    """What a caller asks of a new token (``new_claims``, ``create_token``, ``issue_token`` all take these)."""
+
+    sub: Required[str]
+    account: Required[str]
+    role: str  # default "customer"
+    ttl_s: int | None  # default: settings.jwt_default_ttl_s
+    now: dt.datetime | None  # default: the system clock
+
+
+def new_claims(settings: Settings, **asked: Unpack[ClaimsAsked]) -> TokenClaims:
     """Claims for a new token with a fresh ``jti``, or ConfigError saying which argument is wrong."""
+    sub, account, role = asked["sub"], asked["account"], asked.get("role", "customer")
+    ttl_s, now = asked.get("ttl_s"), asked.get("now")
     if role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}")
     if not 0 < len(sub) <= MAX_SUBJECT_LENGTH or not ACCOUNT_NAME.match(account):
@@ -152,32 +156,16 @@ def sign_claims(settings: Settings, claims: TokenClaims) -> str:
     return jwt.encode(payload, signing_key(settings), algorithm=settings.jwt_algorithm)
 
 
-def create_token(
-    settings: Settings,
-    *,
-    sub: str,
-    account: str,
-    role: str = "customer",
-    ttl_s: int | None = None,
-    now: dt.datetime | None = None,
-) -> str:
+def create_token(settings: Settings, **asked: Unpack[ClaimsAsked]) -> str:
     """A signed token that is not recorded anywhere, so the API refuses it; ``issue_token`` records one."""
-    return sign_claims(settings, new_claims(settings, sub=sub, account=account, role=role, ttl_s=ttl_s, now=now))
+    return sign_claims(settings, new_claims(settings, **asked))
 
 
-def issue_token(
-    session: Session,
-    settings: Settings,
-    *,
-    sub: str,
-    account: str,
-    role: str = "customer",
-    ttl_s: int | None = None,
-    now: dt.datetime | None = None,
-) -> str:
+def issue_token(session: Session, settings: Settings, **asked: Unpack[ClaimsAsked]) -> str:
     """Sign a token for an existing, enabled account and add its row to ``session`` (the caller commits)."""
-    claims = new_claims(settings, sub=sub, account=account, role=role, ttl_s=ttl_s, now=now)
+    claims = new_claims(settings, **asked)
     token = sign_claims(settings, claims)
+    account = claims.account
     holder = session.get(Account, account)
     if holder is None:
         raise NotFound(f"no account {account!r}; create it with `gpupool account create {account}`")
@@ -187,8 +175,8 @@ def issue_token(
         IssuedToken(
             jti=claims.jti,
             account=account,
-            subject=sub,
-            role=role,
+            subject=claims.sub,
+            role=claims.role,
             issued_at=claims.issued_at,
             expires_at=claims.expires_at,
         )

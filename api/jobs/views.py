@@ -34,6 +34,14 @@ def usage_view(job: Job) -> GpuUsageOut:
     )
 
 
+# JobOut's fields that show the job's column of the same name as it is stored.
+_AS_STORED = (
+    "name", "account", "template", "params", "slurm_job_id", "gpus", "gpu_type", "cpus", "mem_gb", "time_limit_min",
+    "container_image", "node", "submitted_at", "started_at", "ended_at", "exit_code", "exit_signal", "end_reason",
+    "preemptible", "run_count",
+)
+
+
 def job_view(
     job: Job, now: dt.datetime | None = None, *, queue_position: int | None = None, usage: GpuUsageOut | None = None
 ) -> dict[str, Any]:
@@ -46,34 +54,15 @@ def job_view(
         end = job.ended_at or now or utcnow()
         elapsed = max(0, int((end - job.started_at).total_seconds()))
     return JobOut(
+        **{column: getattr(job, column) for column in _AS_STORED},
         job_id=job.id,
-        name=job.name,
-        account=job.account,
-        template=job.template,
-        params=job.params,
         state=state_word,
         reason=reason if state_word == "PENDING" or reason in (SUBMISSION_LOST, NOT_REPORTED) else None,
-        slurm_job_id=job.slurm_job_id,
-        gpus=job.gpus,
-        gpu_type=job.gpu_type,
-        cpus=job.cpus,
-        mem_gb=job.mem_gb,
-        time_limit_min=job.time_limit_min,
-        container_image=job.container_image,
-        node=job.node,
-        submitted_at=job.submitted_at,
-        started_at=job.started_at,
-        ended_at=job.ended_at,
-        exit_code=job.exit_code,
-        exit_signal=job.exit_signal,
         elapsed_s=elapsed,
-        end_reason=job.end_reason,
         session=_is_session(job),
         estimated_start=job.expected_start_at if job.state == "PENDING" else None,
         queue_position=queue_position,
         array=_array_view(job),
-        preemptible=job.preemptible,
-        run_count=job.run_count,
         gpu_usage=usage,
     ).model_dump(mode="json", exclude_none=False)
 

@@ -440,10 +440,7 @@ class SlurmClient:
         """Submit a rendered script as the account's tenant (or its member user ``user``); options on the command line override its directives."""
         timeout_s = self.settings.slurm_submit_timeout_s
         try:
-            result = self._as_tenant(
-                "sbatch",
-                lambda: self.tenants.submit(sbatch, timeout_s=timeout_s),
-            )
+            result = self._as_tenant("sbatch", lambda: self.tenants.submit(sbatch, timeout_s=timeout_s))
         except CommandFailed as exc:
             # Killed by a signal, sbatch may have been anywhere, waiting for the reply included.
             if exc.returncode < 0 or any(marker in exc.stderr for marker in _MAYBE_SUBMITTED_MARKERS):
@@ -471,10 +468,7 @@ class SlurmClient:
         timeout_s = self.settings.slurm_submit_timeout_s
         try:
             # Apart in the metrics: a quote Slurm refuses is no failed submission.
-            result = self._as_tenant(
-                "sbatch --test-only",
-                lambda: self.tenants.test_submit(sbatch, timeout_s=timeout_s),
-            )
+            result = self._as_tenant("sbatch --test-only", lambda: self.tenants.test_submit(sbatch, timeout_s=timeout_s))
         except CommandFailed as exc:
             if exc.returncode < 0 or any(
                 marker in exc.stderr for marker in (*_NOT_SUBMITTED_MARKERS, *_MAYBE_SUBMITTED_MARKERS)

@@ -93,21 +93,28 @@ def service_gid(settings: Settings) -> int:
         raise TenantError(f"the service group {settings.service_group!r} does not exist on this host") from exc
 
 
-def lookup_tenant(settings: Settings, account: str) -> Tenant:
-    """The account's Unix user, checked to be a tenant; TenantError saying why if it is not."""
-    name = tenant_user_name(settings, account)
+def _tenant_range_user(settings: Settings, name: str, missing: str) -> pwd.struct_passwd:
+    """This host's user ``name``, with a uid in the tenant range; TenantError(``missing``) when there is none."""
     try:
         entry = pwd.getpwnam(name)
     except KeyError as exc:
-        raise TenantError(
-            f"account {account!r} has no Unix user {name!r} on this host; run `gpupool account create {account}` "
-            "as root here, and the playbook's tenants step on the compute nodes"
-        ) from exc
+        raise TenantError(missing) from exc
     if not settings.tenant_uid_min <= entry.pw_uid <= settings.tenant_uid_max:
         raise TenantError(
             f"Unix user {name!r} has uid {entry.pw_uid}, outside the tenant range "
             f"{settings.tenant_uid_min}-{settings.tenant_uid_max}: gpupool will not act as it"
         )
+    return entry
+
+
+def lookup_tenant(settings: Settings, account: str) -> Tenant:
+    """The account's Unix user, checked to be a tenant; TenantError saying why if it is not."""
+    name = tenant_user_name(settings, account)
+    entry = _tenant_range_user(
+        settings, name,
+        f"account {account!r} has no Unix user {name!r} on this host; run `gpupool account create {account}` "
+        "as root here, and the playbook's tenants step on the compute nodes",
+    )
     if name not in _tenants_group_members(settings):
         raise TenantError(f"Unix user {name!r} is not in the tenants group {settings.tenant_group!r}")
     return Tenant(account=account, user=name, uid=entry.pw_uid, gid=entry.pw_gid)
@@ -148,18 +155,11 @@ def lookup_member(settings: Settings, account: str, user: str) -> Tenant:
         return tenant
     if not UNIX_USER_NAME.fullmatch(user):
         raise TenantError(f"{user!r} is not a Unix user name gpupool makes")
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError as exc:
-        raise TenantError(
-            f"account {account!r} has no member user {user!r} on this host; run `gpupool member migrate {account}` "
-            "as root here, and the playbook's tenants step on the other hosts"
-        ) from exc
-    if not settings.tenant_uid_min <= entry.pw_uid <= settings.tenant_uid_max:
-        raise TenantError(
-            f"Unix user {user!r} has uid {entry.pw_uid}, outside the tenant range "
-            f"{settings.tenant_uid_min}-{settings.tenant_uid_max}: gpupool will not act as it"
-        )
+    entry = _tenant_range_user(
+        settings, user,
+        f"account {account!r} has no member user {user!r} on this host; run `gpupool member migrate {account}` "
+        "as root here, and the playbook's tenants step on the other hosts",
+    )
     if entry.pw_uid == tenant.uid or entry.pw_gid != tenant.gid:
         raise TenantError(f"Unix user {user!r} is not a member user of account {account!r} (its primary group is not the account's)")
     if user not in _tenants_group_members(settings):
@@ -286,8 +286,12 @@ def _open_dir_nofollow(path: str, *, dir_fd: int | None = None) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
-def _ensure_owned_dir(parent_fd: int, name: str, uid: int, gid: int, mode: int) -> int:
-    """``name`` under ``parent_fd``, created if missing, never through a symlink; returns its fd."""
+def _ensure_owned_dir(parent_fd: int, name: str, uid: int, gid: int, mode: int, *, taken_from: int | None = None) -> int:
+    """``name`` under ``parent_fd``, created if missing, never through a symlink, given to ``uid``:``gid`` with ``mode``; its fd.
+
+    Only root's or ``uid``'s folder is taken over, and ``taken_from``'s (a user an
+    earlier release gave it to); anyone else's is refused.
+    """
     try:
         os.mkdir(name, 0o700, dir_fd=parent_fd)
     except FileExistsError:
@@ -295,9 +299,9 @@ def _ensure_owned_dir(parent_fd: int, name: str, uid: int, gid: int, mode: int) 
     fd = _open_dir_nofollow(name, dir_fd=parent_fd)
     info = os.fstat(fd)
     if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) != (uid, gid, mode):
-        if info.st_uid not in (0, uid):
+        if info.st_uid not in (0, uid, taken_from):
             os.close(fd)
-            raise TenantError(f"{name!r} belongs to uid {info.st_uid}, not the tenant {uid}")
+            raise TenantError(f"{name!r} belongs to uid {info.st_uid}, not root or uid {uid if taken_from is None else taken_from}")
         os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)  # after chown, which clears the set-group-id bit
     return fd
@@ -315,30 +319,14 @@ def ensure_job_root(settings: Settings) -> int:
     return fd
 
 
-def _ensure_account_dir(root_fd: int, account: str, tenant_uid: int) -> int:
-    """The account's folder, root's and 0711, taken back from the account's user where an earlier release gave it."""
-    try:
-        os.mkdir(account, 0o700, dir_fd=root_fd)
-    except FileExistsError:
-        pass
-    fd = _open_dir_nofollow(account, dir_fd=root_fd)
-    info = os.fstat(fd)
-    if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) != (0, 0, ACCOUNT_FOLDER_MODE):
-        if info.st_uid not in (0, tenant_uid):
-            os.close(fd)
-            raise TenantError(f"{account!r} belongs to uid {info.st_uid}, not root or the account's user {tenant_uid}")
-        os.fchown(fd, 0, 0)
-        os.fchmod(fd, ACCOUNT_FOLDER_MODE)  # after chown, which clears the set-group-id bit
-    return fd
-
-
 def ensure_tenant_folder(settings: Settings, tenant: Tenant, job_id: str | None = None) -> Path:
     """The account's folder (and, with ``job_id``, the job's folder in it, owned by ``tenant``), as documented above."""
     group = service_gid(settings)
     root_fd = ensure_job_root(settings)
     try:
         account_uid = tenant.uid if tenant.account_uid is None else tenant.account_uid
-        account_fd = _ensure_account_dir(root_fd, tenant.account, account_uid)
+        # The account's folder is root's, 0711; an earlier release gave it to the account's user.
+        account_fd = _ensure_owned_dir(root_fd, tenant.account, 0, 0, ACCOUNT_FOLDER_MODE, taken_from=account_uid)
     finally:
         os.close(root_fd)
     try:
