@@ -14,7 +14,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from api.billing import visible_account
 from api.context import db_session, principal
-from api.query import int_arg, optional_int_arg
+from api.query import int_arg, int_param, optional_int_arg
 from api.routing import ACCOUNT_PARAM, Reply, operation
 from api.schemas import AuditList, AuditOut
 from gpupool import audit as audit_log
@@ -50,8 +50,8 @@ def audit(action: str, *, account: str, target: str | None = None, details: dict
     roles=ADMINS,  # who did what in the account, from where: its admins
     summary="The account's audit log, newest first (account admins)",
     parameters=[
-        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": audit_log.MAX_PAGE, "default": 100}},
-        {"name": "before", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_EVENT_ID}, "description": "next_before of the previous page"},
+        int_param("limit", 1, audit_log.MAX_PAGE, default=100),
+        int_param("before", 1, MAX_EVENT_ID, description="next_before of the previous page"),
         ACCOUNT_PARAM,
     ],
     replies={"200": Reply("Events", AuditList)},

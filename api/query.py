@@ -11,6 +11,8 @@ their forms themselves and are left alone.
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import request
 
 from api.auth import PAGE_BLUEPRINTS
@@ -32,6 +34,17 @@ def optional_int_arg(name: str, low: int, high: int) -> int | None:
     if len(raw) > 40 or not low <= int(raw) <= high:
         raise BadRequest(f"{name} must be between {low} and {high}")
     return int(raw)
+
+
+def int_param(name: str, low: int, high: int, *, default: int | None = None, description: str | None = None) -> dict[str, Any]:
+    """The OpenAPI entry of the whole-number ``?name=`` that ``int_arg`` reads within [low, high]."""
+    schema: dict[str, Any] = {"type": "integer", "minimum": low, "maximum": high}
+    if default is not None:
+        schema["default"] = default
+    param: dict[str, Any] = {"name": name, "in": "query", "schema": schema}
+    if description is not None:
+        param["description"] = description
+    return param
 
 
 def int_arg(name: str, default: int, low: int, high: int) -> int:

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from api.audit import audit
 from api.context import app_state, db_session, principal
-from api.query import int_arg
+from api.query import int_arg, int_param
 from api.routing import Reply, operation
 from api.schemas import (
     DeliveryAttemptOut,
@@ -138,7 +138,7 @@ def _cursor_id() -> int | None:
     summary="Events owed to an endpoint, newest first, with every attempt and the receiver's answers",
     parameters=[
         _ENDPOINT_ID,
-        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_DELIVERY_PAGE}},
+        int_param("limit", 1, MAX_DELIVERY_PAGE),
         {"name": "cursor", "in": "query", "schema": {"type": "string", "pattern": f"^[0-9]{{1,{MAX_CURSOR_DIGITS}}}$"}},
     ],
     replies={"200": Reply("Deliveries", DeliveryList)}, errors=(400, 404),

@@ -12,7 +12,7 @@ from sqlalchemy import select, tuple_
 from api.context import db_session, principal
 from api.jobs.lookup import MAX_PAGE, jobs_bp, refresh_states
 from api.jobs.views import job_view
-from api.query import int_arg
+from api.query import int_arg, int_param
 from api.routing import Reply, operation
 from api.schemas import JOB_STATES, JobList
 from gpupool.db import utcnow
@@ -47,7 +47,7 @@ def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
             "schema": {"type": "array", "items": {"enum": list(JOB_STATES)}},
             "description": "Only jobs in these states (comma-separated, any case)",
         },
-        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
+        int_param("limit", 1, MAX_PAGE),
         {"name": "account", "in": "query", "schema": {"type": "string"}, "description": "Admin tokens only: one account's jobs (default: all)"},
         {
             "name": "cursor", "in": "query", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+={0,2}$"},

@@ -15,7 +15,7 @@ from api.jobs.lookup import (
     visible_job,
 )
 from api.jobs.views import job_view
-from api.query import int_arg
+from api.query import int_arg, int_param
 from api.routing import Reply, operation
 from gpupool import joblogs
 from gpupool.config import Settings
@@ -34,11 +34,11 @@ _LOGS_DESCRIPTION = (
     "reading again from Gpupool-Next-Offset until Gpupool-Log-Complete is true. 409 log_unavailable: the "
     "job put a symbolic link, FIFO or another user's file where its log belongs, and it is not followed."
 )
-_LOG_LIMIT = {
-    "name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_OFFSET},
-    "description": f"With offset: at most this many bytes; a larger limit reads the server's log_read_max_bytes "
+_LOG_LIMIT = int_param(
+    "limit", 1, MAX_LOG_OFFSET,
+    description=f"With offset: at most this many bytes; a larger limit reads the server's log_read_max_bytes "
     f"({Settings.log_read_max_bytes // 1024} KiB unless configured), which is also the default",
-}
+)
 _LOG_HEADERS = {
     "Gpupool-Job-State": {"description": "The job's state, as GET /jobs/{job_id} shows it (PENDING, RUNNING, COMPLETED, ...)", "schema": {"type": "string"}},
     "Gpupool-Next-Offset": {"description": "Offset reads only: the offset to read from next", "schema": {"type": "integer", "minimum": 0}},
@@ -65,8 +65,11 @@ def owner_uid(job: Job) -> int | None:
     parameters=[
         JOB_ID_PARAM,
         {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
-        {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}, "description": "The last N lines (default 100); not with offset"},
-        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LOG_OFFSET}, "description": "Return the bytes from this offset (start at 0, then send Gpupool-Next-Offset back); not with tail"},
+        int_param("tail", 1, MAX_LOG_LINES, description="The last N lines (default 100); not with offset"),
+        int_param(
+            "offset", 0, MAX_LOG_OFFSET,
+            description="Return the bytes from this offset (start at 0, then send Gpupool-Next-Offset back); not with tail",
+        ),
         _LOG_LIMIT,
     ],
     replies={"200": Reply("Log bytes (UTF-8 text, but an offset read may end inside a character)", content=_TEXT, headers=_LOG_HEADERS)},
@@ -95,8 +98,8 @@ def job_logs(job_id: str) -> Response:
         JOB_ID_PARAM,
         TASK_INDEX_PARAM,
         {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
-        {"name": "tail", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES}},
-        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_LOG_OFFSET}},
+        int_param("tail", 1, MAX_LOG_LINES),
+        int_param("offset", 0, MAX_LOG_OFFSET),
         _LOG_LIMIT,
     ],
     replies={"200": Reply("Log bytes", content=_TEXT, headers=_LOG_HEADERS)},

@@ -20,7 +20,7 @@ from api.jobs.lookup import (
     refresh_if_unfinished,
     scancel,
 )
-from api.query import int_arg
+from api.query import int_arg, int_param
 from api.routing import Reply, operation
 from api.schemas import TaskList, TaskOut
 from gpupool.audit import TASK_CANCEL
@@ -57,8 +57,8 @@ def _task_view(job: Job, task: JobTask, now: dt.datetime) -> dict[str, Any]:
     summary="An array job's tasks in index order, each with its state, exit code, GPU-seconds and sweep value",
     parameters=[
         JOB_ID_PARAM,
-        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}},
-        {"name": "cursor", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_TASK_CURSOR}, "description": "next_cursor of the page before"},
+        int_param("limit", 1, MAX_PAGE),
+        int_param("cursor", 0, MAX_TASK_CURSOR, description="next_cursor of the page before"),
     ],
     replies={"200": Reply("A page of tasks", TaskList)}, errors=(400, 404),
 )
