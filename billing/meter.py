@@ -59,6 +59,19 @@ class LedgerRow:
     final: bool = False
     tier: str = NORMAL_TIER  # the price tier of ``unit_price_nanos``: the run's QOS, or normal (PriceBook)
 
+    @classmethod
+    def priced(
+        cls, run: JobRun, gpu_type: str, gpus: int, period: str, interval: tuple[dt.datetime, dt.datetime], seconds: int,
+        price: tuple[int, str], *, correction: bool = False, final: bool = False,
+    ) -> LedgerRow:
+        """``seconds`` (negative: taken back) on ``gpus`` GPUs over ``interval``, at ``price`` (nanos per GPU-second, tier)."""
+        gpu_seconds = gpus * seconds
+        unit_price, tier = price
+        return cls(
+            run, gpu_type, gpus, period, interval[0], interval[1], seconds, gpu_seconds, unit_price, gpu_seconds * unit_price,
+            correction=correction, final=final, tier=tier,
+        )
+
 
 def _corrections(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBook) -> list[LedgerRow]:
     """Negative rows taking back ``[start + ElapsedRaw, start + billed_s)``, cut as the rows it reverses were."""
@@ -70,21 +83,10 @@ def _corrections(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: P
         unit_price, price_start = prices.price_since(gpu_type, last_second, run.qos)
         cut = max(end, month_start(last_second), price_start)
         seconds = (moment - cut) // _ONE_SECOND
+        tier = prices.tier_of(gpu_type, last_second, run.qos)
         rows.append(
-            LedgerRow(
-                run=run,
-                gpu_type=gpu_type,
-                gpus=gpus,
-                period=period_of(cut),
-                interval_from=cut,
-                interval_to=moment,
-                seconds=-seconds,
-                gpu_seconds=-gpus * seconds,
-                unit_price_nanos=unit_price,
-                amount_nanos=-gpus * seconds * unit_price,
-                correction=True,
-                final=True,
-                tier=prices.tier_of(gpu_type, last_second, run.qos),
+            LedgerRow.priced(
+                run, gpu_type, gpus, period_of(cut), (cut, moment), -seconds, (unit_price, tier), correction=True, final=True
             )
         )
         moment = cut
@@ -116,22 +118,9 @@ def _usage(run: JobRun, gpu_type: str, gpus: int, billed_s: int, prices: PriceBo
         # arithmetic for that last (usually only) row, as timedelta division is slower.
         seconds = run.elapsed_s - billed_s if cut is end else (cut - moment) // _ONE_SECOND
         billed_s += seconds
-        gpu_seconds = gpus * seconds
+        tier = prices.tier_of(gpu_type, moment, run.qos)
         rows.append(
-            LedgerRow(
-                run=run,
-                gpu_type=gpu_type,
-                gpus=gpus,
-                period=period,
-                interval_from=moment,
-                interval_to=cut,
-                seconds=seconds,
-                gpu_seconds=gpu_seconds,
-                unit_price_nanos=unit_price,
-                amount_nanos=gpu_seconds * unit_price,
-                final=closes and cut is end,
-                tier=prices.tier_of(gpu_type, moment, run.qos),
-            )
+            LedgerRow.priced(run, gpu_type, gpus, period, (moment, cut), seconds, (unit_price, tier), final=closes and cut is end)
         )
         moment = cut
     return rows
@@ -141,20 +130,8 @@ def _final_marker(run: JobRun, gpu_type: str, gpus: int, prices: PriceBook) -> L
     end = run.start + run.elapsed_s * _ONE_SECOND
     last_second = end - _ONE_SECOND if run.elapsed_s else end
     unit_price, _ = prices.price_since(gpu_type, last_second, run.qos)
-    return LedgerRow(
-        run=run,
-        gpu_type=gpu_type,
-        gpus=gpus,
-        period=period_of(end),
-        interval_from=end,
-        interval_to=end,
-        seconds=0,
-        gpu_seconds=0,
-        unit_price_nanos=unit_price,
-        amount_nanos=0,
-        final=True,
-        tier=prices.tier_of(gpu_type, last_second, run.qos),
-    )
+    tier = prices.tier_of(gpu_type, last_second, run.qos)
+    return LedgerRow.priced(run, gpu_type, gpus, period_of(end), (end, end), 0, (unit_price, tier), final=True)
 
 
 def meter_rows(runs: Iterable[JobRun], billed: MutableMapping[RunKey, Billed], prices: PriceBook) -> Iterator[LedgerRow]:
