@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Generic, TypedDict, TypeVar
 
 import httpx
 
@@ -22,6 +22,9 @@ from gpupool_client.errors import (
     ServiceUnavailable,
     error_from_response,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __version__ = "0.1.0"
 
@@ -113,22 +116,33 @@ def raise_for_answer(response: httpx.Response) -> None:
         raise answer_error(response)
 
 
-def submit_body(
-    template: str,
-    *,
-    gpus: int | None,
-    params: dict[str, Any] | None,
-    gpu_type: str | None,
-    name: str | None,
-    container_image: str | None,
-    cpus: int | None,
-    mem_gb: int | None,
-    time_limit_min: int | None,
-    idle_timeout_min: int | None = None,
-    array: dict[str, Any] | int | None = None,
-    sweep: dict[str, list[Any]] | None = None,
-    preemptible: bool = False,
-) -> dict[str, Any]:
+class JobArgs(TypedDict, total=False):
+    """What a submit (or a quote) may ask besides the template; each left out takes the template's or server's default.
+
+    ``array``: ``{"count": N, "max_parallel": K}`` (or just N) runs N tasks, at most K at
+    once; ``sweep``: ``{"param": [v1, v2, ...]}`` runs one task per value.
+    """
+
+    gpus: int | None
+    params: dict[str, Any] | None
+    gpu_type: str | None
+    name: str | None
+    container_image: str | None
+    cpus: int | None
+    mem_gb: int | None
+    time_limit_min: int | None
+    idle_timeout_min: int | None
+    array: dict[str, Any] | int | None
+    sweep: dict[str, list[Any]] | None
+    preemptible: bool
+
+
+# The fields sent as given when they are not None.
+_OPTIONAL_FIELDS = ("gpus", "gpu_type", "name", "container_image", "cpus", "mem_gb", "time_limit_min", "idle_timeout_min")
+
+
+def submit_body(template: str, **job: Unpack[JobArgs]) -> dict[str, Any]:
+    params, array, sweep = job.get("params"), job.get("array"), job.get("sweep")
     body: dict[str, Any] = {"template": template, "params": dict(params or {})}
     if isinstance(array, dict):
         body["array"] = dict(array)
@@ -136,19 +150,9 @@ def submit_body(
         body["array"] = {"count": array}  # just N: N tasks, no throttle
     if sweep is not None:
         body["sweep"] = {name: list(values) for name, values in sweep.items()}
-    if preemptible:
+    if job.get("preemptible"):
         body["preemptible"] = True
-    optional = {
-        "gpus": gpus,
-        "gpu_type": gpu_type,
-        "name": name,
-        "container_image": container_image,
-        "cpus": cpus,
-        "mem_gb": mem_gb,
-        "time_limit_min": time_limit_min,
-        "idle_timeout_min": idle_timeout_min,
-    }
-    body.update({key: value for key, value in optional.items() if value is not None})
+    body.update({key: job[key] for key in _OPTIONAL_FIELDS if job.get(key) is not None})  # type: ignore[literal-required]
     return body
 
 
@@ -170,43 +174,74 @@ def partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".part")
 
 
-class JobFields:
-    """A job as the API last described it; ``data`` is the full JSON object."""
+V = TypeVar("V")
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+TR = TypeVar("TR", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
-    def __init__(self, data: dict[str, Any], *, replayed: bool = False) -> None:
+
+class Field(Generic[V]):
+    """An attribute that reads the API's JSON field ``key`` (default: its own name) from the record's ``data``.
+
+    With ``convert``, the field is always there and given as ``convert`` makes it; without, None when absent.
+    """
+
+    def __init__(self, key: str | None = None, *, convert: Callable[[Any], V] | None = None) -> None:
+        self.key, self.convert = key, convert
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = self.key or name
+
+    def __get__(self, record: Any, owner: type | None = None) -> V:
+        if record is None:
+            return self  # type: ignore[return-value]  # on the class: the descriptor, for help() and docs
+        if self.convert is not None:
+            return self.convert(record.data[self.key])
+        return record.data.get(self.key)  # type: ignore[no-any-return]
+
+
+class ClientCore(Generic[H, TR]):
+    """What ``Client`` and ``AsyncClient`` are made of alike: the API's address, the token, the retry policy.
+
+    ``url`` and ``token`` default to ``GPUPOOL_URL`` and ``GPUPOOL_TOKEN``; ``transport`` replaces httpx's own.
+    """
+
+    _http_class: type[H]
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        transport: TR | None = None,
+    ) -> None:
+        self.url, token = resolve_settings(url, token)
+        self.retry = retry or RetryPolicy()
+        # H and TR go in pairs (httpx.Client with a BaseTransport, the async ones together), which mypy cannot see.
+        self._http: H = self._http_class(
+            base_url=self.url, headers=default_headers(token), timeout=timeout, transport=transport  # type: ignore[arg-type]
+        )
+
+
+class JobFields:
+    """A job as the API last described it (``data``, the full JSON object), and the client that asks again."""
+
+    id: Field[str] = Field("job_id", convert=str)
+    state: Field[str] = Field(convert=str)
+    reason: Field[str | None] = Field()
+    exit_code: Field[int | None] = Field()
+    exit_signal: Field[int | None] = Field()
+    elapsed_s: Field[int | None] = Field()
+    slurm_job_id: Field[int | None] = Field()
+
+    def __init__(self, client: Any, data: dict[str, Any], *, replayed: bool = False) -> None:
+        self._client = client
         self.data = data
         self.replayed = replayed
 
     def _update(self, data: dict[str, Any]) -> None:
         self.data = data
-
-    @property
-    def id(self) -> str:
-        return str(self.data["job_id"])
-
-    @property
-    def state(self) -> str:
-        return str(self.data["state"])
-
-    @property
-    def reason(self) -> str | None:
-        return self.data.get("reason")
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.data.get("exit_code")
-
-    @property
-    def exit_signal(self) -> int | None:
-        return self.data.get("exit_signal")
-
-    @property
-    def elapsed_s(self) -> int | None:
-        return self.data.get("elapsed_s")
-
-    @property
-    def slurm_job_id(self) -> int | None:
-        return self.data.get("slurm_job_id")
 
     @property
     def done(self) -> bool:

@@ -1,68 +1,39 @@
-"""The asyncio client: ``AsyncClient`` and ``AsyncJob``, the same methods as ``Client`` and ``Job``, awaited."""
+"""The asyncio client: ``AsyncClient`` and ``AsyncJob``, the same methods as ``Client`` and ``Job``, awaited.
+
+Each call is the same flow of ``gpupool_client._flows`` that ``Client`` runs; only the I/O here is awaited.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from gpupool_client._core import (
-    DEFAULT_TIMEOUT,
-    TRANSFER_CHUNK,
-    Download,
-    FollowPacer,
-    JobFields,
-    LineAssembler,
-    Progress,
-    RetryPolicy,
-    Upload,
-    WaitPacer,
-    answer_error,
-    attachment_name,
-    default_headers,
-    files_path,
-    list_params,
-    log_chunk,
-    new_idempotency_key,
-    partial_path,
-    raise_for_answer,
-    resolve_settings,
-    retryable,
-    session_is_open,
-    submit_body,
-    upload_offset_of,
-)
-from gpupool_client.errors import ConnectionFailed, GpupoolError, RateLimited, ServiceUnavailable, WaitTimeout
+from gpupool_client import _flows
+from gpupool_client._core import TRANSFER_CHUNK, ClientCore, JobFields, Progress, files_path
+from gpupool_client._flows import Flow, Item, Pause, Send, Step, Stepper, T, call
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from gpupool_client._core import JobArgs
 
 
 class AsyncJob(JobFields):
-    def __init__(self, client: AsyncClient, data: dict[str, Any], *, replayed: bool = False) -> None:
-        super().__init__(data, replayed=replayed)
-        self._client = client
+    """A job, as ``Job`` is, for ``AsyncClient``: its methods are awaited."""
+
+    _client: AsyncClient
 
     async def refresh(self) -> AsyncJob:
-        self._update(await self._client._get_job_data(self.id))
+        self._update(await self._client._json("GET", f"/jobs/{self.id}"))
         return self
 
     async def wait(self, timeout: float | None = None, *, poll_s: float = 1.0, max_poll_s: float = 10.0) -> AsyncJob:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pacer = WaitPacer(poll_s, max_poll_s)
-        while not self.done:
-            delay = pacer.next()
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise WaitTimeout(f"job {self.id} still {self.state} after {timeout:g} s", code="wait_timeout")
-            await asyncio.sleep(delay)
-            try:
-                await self.refresh()
-            except (RateLimited, ServiceUnavailable) as exc:
-                await asyncio.sleep(exc.retry_after or 0)
-            except ConnectionFailed:
-                pass
+        await self._client._run(_flows.wait(self, self._client.retry, timeout, poll_s, max_poll_s))
         return self
 
     async def cancel(self) -> AsyncJob:
@@ -76,21 +47,10 @@ class AsyncJob(JobFields):
         return self._client.follow(self.id, stream=stream)
 
 
-class AsyncClient:
+class AsyncClient(ClientCore[httpx.AsyncClient, httpx.AsyncBaseTransport]):
     """Like ``Client``, for asyncio code: ``async with AsyncClient() as client: job = await client.submit(...)``."""
 
-    def __init__(
-        self,
-        url: str | None = None,
-        token: str | None = None,
-        *,
-        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
-        retry: RetryPolicy | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self.url, token = resolve_settings(url, token)
-        self.retry = retry or RetryPolicy()
-        self._http = httpx.AsyncClient(base_url=self.url, headers=default_headers(token), timeout=timeout, transport=transport)
+    _http_class = httpx.AsyncClient
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -101,290 +61,125 @@ class AsyncClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        attempt = 0
-        while True:
-            error: GpupoolError
-            try:
-                response = await self._http.request(method, path, **kwargs)
-            except httpx.TransportError as exc:
-                error = ConnectionFailed(f"{method} {path}: {exc or type(exc).__name__}", code="connection_failed")
-            else:
-                if not retryable(response):
-                    raise_for_answer(response)
-                    return response
-                error = answer_error(response)
-            delay = self.retry.delay(attempt, error)
-            if delay is None:
-                raise error
-            await asyncio.sleep(delay)
-            attempt += 1
+    async def _carry(self, step: Step) -> Any:
+        """One step's I/O, awaited: its answer, or the error to throw into the flow.
 
-    async def _get_job_data(self, job_id: str) -> dict[str, Any]:
-        return (await self._request("GET", f"/jobs/{job_id}")).json()
-
-    async def submit(
-        self,
-        template: str,
-        *,
-        gpus: int | None = None,
-        params: dict[str, Any] | None = None,
-        gpu_type: str | None = None,
-        name: str | None = None,
-        container_image: str | None = None,
-        cpus: int | None = None,
-        mem_gb: int | None = None,
-        time_limit_min: int | None = None,
-        idempotency_key: str | None = None,
-        idle_timeout_min: int | None = None,
-        array: dict[str, Any] | int | None = None,
-        sweep: dict[str, list[Any]] | None = None,
-        preemptible: bool = False,
-    ) -> AsyncJob:
-        """``Client.submit``, awaited; an array job's tasks: ``await client.tasks(job.id)``."""
-        body = submit_body(
-            template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
-            cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
-            array=array, sweep=sweep,
-            preemptible=preemptible,
-        )
-        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
-        response = await self._request("POST", "/submit", json=body, headers=headers)
-        return AsyncJob(self, response.json(), replayed=response.headers.get("Idempotent-Replayed") == "true")
-
-    async def quote(
-        self,
-        template: str,
-        *,
-        gpus: int | None = None,
-        params: dict[str, Any] | None = None,
-        gpu_type: str | None = None,
-        name: str | None = None,
-        container_image: str | None = None,
-        cpus: int | None = None,
-        mem_gb: int | None = None,
-        time_limit_min: int | None = None,
-        idle_timeout_min: int | None = None,
-        array: dict[str, Any] | int | None = None,
-        sweep: dict[str, list[Any]] | None = None,
-        preemptible: bool = False,
-    ) -> dict[str, Any]:
-        """What ``submit`` with these arguments would cost at most and when Slurm would start it; submits nothing.
-
-        Refused as the submit would be (PaymentRequired when the budget does not cover the worst case).
+        Local file reads and writes are small and fast next to the network: not worth a thread.
         """
-        body = submit_body(
-            template, gpus=gpus, params=params, gpu_type=gpu_type, name=name, container_image=container_image,
-            cpus=cpus, mem_gb=mem_gb, time_limit_min=time_limit_min, idle_timeout_min=idle_timeout_min,
-            array=array, sweep=sweep, preemptible=preemptible,
-        )
-        response = await self._request("POST", "/submit", params={"dry_run": "true"}, json=body)
-        result: dict[str, Any] = response.json()
-        return result
+        try:
+            if isinstance(step, Pause):
+                return await asyncio.sleep(step.seconds)
+            assert isinstance(step, Send)
+            if step.sink is not None:
+                async with self._http.stream(**step.request()) as response:
+                    if step.sink.begin(response):
+                        async for block in response.aiter_bytes(TRANSFER_CHUNK):
+                            step.sink.write(block)
+                    else:
+                        await response.aread()
+                    return response
+            content = None if step.content is None else _each(step.content)
+            return await self._http.request(**step.request(), content=content)
+        except BaseException as exc:  # the flow's own cleanup runs, and it raises on
+            return exc
+
+    async def _run(self, flow: Flow[T]) -> T:
+        stepper = Stepper(flow)
+        for step in stepper:
+            stepper.answer = await self._carry(step)
+        return stepper.result  # type: ignore[no-any-return]
+
+    async def _iterate(self, flow: Flow[None]) -> AsyncIterator[Any]:
+        """Carry out ``flow``, yielding its items."""
+        stepper = Stepper(flow)
+        for step in stepper:
+            if isinstance(step, Item):
+                yield step.value
+            else:
+                stepper.answer = await self._carry(step)
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self._run(call(Send(method, path, **kwargs), self.retry))
+
+    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return await self._run(_flows.json_of(Send(method, path, **kwargs), self.retry))
+
+    async def submit(self, template: str, *, idempotency_key: str | None = None, **job: Unpack[JobArgs]) -> AsyncJob:
+        """``Client.submit``, awaited; an array job's tasks: ``await client.tasks(job.id)``."""
+        data, replayed = await self._run(_flows.submit(template, self.retry, idempotency_key, **job))
+        return AsyncJob(self, data, replayed=replayed)
+
+    async def quote(self, template: str, **job: Unpack[JobArgs]) -> dict[str, Any]:
+        """``Client.quote``, awaited: the worst-case cost and Slurm's start estimate; submits nothing."""
+        return await self._run(_flows.quote(template, self.retry, **job))
 
     async def job(self, job_id: str) -> AsyncJob:
-        return AsyncJob(self, await self._get_job_data(job_id))
+        return AsyncJob(self, await self._json("GET", f"/jobs/{job_id}"))
 
     async def tasks(self, job_id: str, *, page_size: int = 200) -> list[dict[str, Any]]:
         """Every task of an array job, in index order, as the API's JSON objects."""
-        tasks: list[dict[str, Any]] = []
-        cursor: str | None = None
-        while True:
-            params: dict[str, Any] = {"limit": page_size}
-            if cursor:
-                params["cursor"] = cursor
-            page = (await self._request("GET", f"/jobs/{job_id}/tasks", params=params)).json()
-            tasks += page["tasks"]
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return tasks
+        return await self._run(_flows.every_page(f"/jobs/{job_id}/tasks", "tasks", page_size, self.retry))
 
     async def session(self, job_id: str) -> dict[str, Any]:
-        return (await self._request("GET", f"/jobs/{job_id}/session")).json()
+        return await self._json("GET", f"/jobs/{job_id}/session")  # type: ignore[no-any-return]
 
     async def wait_session(
         self, job_id: str, timeout: float | None = None, *, poll_s: float = 1.0, max_poll_s: float = 5.0
     ) -> dict[str, Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            session = await self.session(job_id)
-            if session_is_open(session):
-                return session
-            if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"session {job_id} was not ready within {timeout:g} s", code="wait_timeout")
-            await asyncio.sleep(poll_s)
-            poll_s = min(max_poll_s, poll_s * 1.5)
+        return await self._run(_flows.wait_session(job_id, self.retry, timeout, poll_s, max_poll_s))
 
     async def start_session(self, template: str, *, timeout: float | None = None, **submit_args: Any) -> dict[str, Any]:
         job = await self.submit(template, **submit_args)
         return await self.wait_session(job.id, timeout)
 
     async def cancel(self, job_id: str) -> AsyncJob:
-        return AsyncJob(self, (await self._request("DELETE", f"/jobs/{job_id}")).json())
+        return AsyncJob(self, await self._json("DELETE", f"/jobs/{job_id}"))
 
     async def jobs(
         self, *, state: str | Iterable[str] | None = None, limit: int | None = None, page_size: int = 200
     ) -> AsyncIterator[AsyncJob]:
-        cursor: str | None = None
-        yielded = 0
-        while True:
-            size = page_size if limit is None else max(1, min(page_size, limit - yielded))
-            page = (await self._request("GET", "/jobs", params=list_params(state, size, cursor))).json()
-            for data in page["jobs"]:
-                if limit is not None and yielded >= limit:
-                    return
-                yielded += 1
-                yield AsyncJob(self, data)
-            cursor = page.get("next_cursor")
-            if not cursor or (limit is not None and yielded >= limit):
-                return
+        async for data in self._iterate(_flows.jobs(state, limit, page_size, self.retry)):
+            yield AsyncJob(self, data)
 
     async def logs(self, job_id: str, *, stream: str = "stdout", tail: int | None = None) -> str:
-        params: dict[str, Any] = {"stream": stream}
-        if tail is not None:
-            params["tail"] = tail
-        return (await self._request("GET", f"/jobs/{job_id}/logs", params=params)).text
+        return await self._run(_flows.logs(f"/jobs/{job_id}/logs", stream, tail, self.retry))
 
-    async def follow(self, job_id: str, *, stream: str = "stdout", offset: int = 0) -> AsyncIterator[str]:
-        lines = LineAssembler()
-        pacer = FollowPacer()
-        while True:
-            response = await self._request("GET", f"/jobs/{job_id}/logs", params={"stream": stream, "offset": offset})
-            chunk = log_chunk(response, offset)
-            offset = chunk.next_offset
-            for line in lines.feed(chunk.data):
-                yield line
-            if chunk.complete:
-                for line in lines.finish():
-                    yield line
-                return
-            await asyncio.sleep(pacer.after(bool(chunk.data)))
+    def follow(self, job_id: str, *, stream: str = "stdout", offset: int = 0) -> AsyncIterator[str]:
+        return self._iterate(_flows.follow(job_id, stream, offset, self.retry))
 
     async def templates(self) -> list[dict[str, Any]]:
-        return (await self._request("GET", "/templates")).json()["templates"]
+        return (await self._json("GET", "/templates"))["templates"]  # type: ignore[no-any-return]
 
     async def usage(self, period: str | None = None) -> dict[str, Any]:
-        return (await self._request("GET", "/usage", params={"period": period} if period else None)).json()
+        return await self._json("GET", "/usage", params={"period": period} if period else None)  # type: ignore[no-any-return]
 
     async def invoice(self, period: str, path: str | os.PathLike[str] | None = None) -> Path:
-        attempt = 0
-        partial: Path | None = None
-        while True:
-            error: GpupoolError
-            try:
-                async with self._http.stream("GET", f"/invoices/{period}") as response:
-                    if response.is_success:
-                        target = Path(path) if path is not None else Path(attachment_name(response, f"invoice-{period}.csv"))
-                        partial = partial_path(target)
-                        # Local file writes are small and fast next to the network: not worth a thread.
-                        with open(partial, "wb") as out:
-                            async for block in response.aiter_bytes():
-                                out.write(block)
-                        partial.replace(target)
-                        return target
-                    await response.aread()
-                    if not retryable(response):
-                        raise_for_answer(response)
-                    error = answer_error(response)
-            except httpx.TransportError as exc:
-                error = ConnectionFailed(f"GET /invoices/{period}: {exc or type(exc).__name__}", code="connection_failed")
-                if partial is not None:
-                    partial.unlink(missing_ok=True)
-            delay = self.retry.delay(attempt, error)
-            if delay is None:
-                raise error
-            await asyncio.sleep(delay)
-            attempt += 1
+        return await self._run(_flows.invoice(period, None if path is None else Path(path), self.retry))
 
     # -- the account's storage (/files): Client's methods, awaited ---------------------------
 
     async def upload_offset(self, remote: str) -> int:
-        try:
-            return upload_offset_of(await self._http.head(files_path(remote)))
-        except httpx.TransportError as exc:
-            raise ConnectionFailed(f"HEAD {files_path(remote)}: {exc or type(exc).__name__}", code="connection_failed") from exc
+        return await self._run(_flows.upload_offset(remote))
 
     async def upload(
         self, local: str | os.PathLike[str], remote: str, *, resume: bool = False, progress: Progress | None = None
     ) -> dict[str, Any]:
-        """As ``Client.upload``. Local reads are small and fast next to the network: not worth a thread."""
-        source = Path(local)
-        upload = Upload(remote, source.stat().st_size, await self.upload_offset(remote) if resume else None)
-        attempt = 0
-        with open(source, "rb") as handle:
-            while True:
-                error: GpupoolError | None
-                try:
-                    response = await self._http.put(upload.path, content=_each(upload.body(handle, progress)), headers=upload.headers())
-                except httpx.TransportError as exc:
-                    error = upload.cut_off(exc)
-                else:
-                    if response.is_success:
-                        result: dict[str, Any] = response.json()
-                        return result
-                    error = upload.refused(response, attempt, self.retry.attempts)
-                    if error is None:
-                        attempt += 1
-                        continue
-                delay = self.retry.delay(attempt, error)
-                if delay is None:
-                    raise error
-                await asyncio.sleep(delay)
-                attempt += 1
-                upload.offset = await self.upload_offset(remote)
+        """As ``Client.upload``."""
+        return await self._run(_flows.upload(Path(local), remote, resume, progress, self.retry))
 
     async def download(self, remote: str, local: str | os.PathLike[str], *, progress: Progress | None = None) -> Path:
         """As ``Client.download``."""
-        target = Path(local)
-        partial = partial_path(target)
-        attempt = 0
-        with open(partial, "wb") as out:
-            download = Download(remote, out, target, partial, progress)
-            try:
-                while True:
-                    error: GpupoolError
-                    try:
-                        async with self._http.stream("GET", download.path, headers=download.headers()) as response:
-                            if download.begin(response):
-                                async for block in response.aiter_bytes(TRANSFER_CHUNK):
-                                    download.write(block)
-                                return download.finish()
-                            await response.aread()
-                            if not retryable(response):
-                                raise_for_answer(response)
-                            error = answer_error(response)
-                    except httpx.TransportError as exc:
-                        error = download.cut_off(exc)
-                    delay = self.retry.delay(attempt, error)
-                    if delay is None:
-                        raise error
-                    await asyncio.sleep(delay)
-                    attempt += 1
-            except BaseException:
-                partial.unlink(missing_ok=True)
-                raise
+        return await self._run(_flows.download(remote, Path(local), progress, self.retry))
 
     async def list_files(self, folder: str = "", *, page_size: int = 1000) -> list[dict[str, Any]]:
-        path = files_path(folder.rstrip("/") + "/" if folder.strip("/") else "")
-        entries: list[dict[str, Any]] = []
-        cursor: str | None = None
-        while True:
-            params: dict[str, Any] = {"limit": page_size}
-            if cursor:
-                params["cursor"] = cursor
-            page = (await self._request("GET", path, params=params)).json()
-            entries += page["entries"]
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return entries
+        return await self._run(_flows.list_files(folder, page_size, self.retry))
 
     async def delete_file(self, remote: str, *, recursive: bool = False) -> None:
         await self._request("DELETE", files_path(remote), params={"recursive": "true"} if recursive else None)
 
     async def move_file(self, remote: str, target: str, *, overwrite: bool = False) -> dict[str, Any]:
         params = {"move_to": target, **({"overwrite": "true"} if overwrite else {})}
-        result: dict[str, Any] = (await self._request("POST", files_path(remote), params=params)).json()
-        return result
+        return await self._json("POST", files_path(remote), params=params)  # type: ignore[no-any-return]
 
 
 async def _each(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:

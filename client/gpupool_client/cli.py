@@ -15,10 +15,13 @@ import sys
 import webbrowser
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpupool_client.client import Client, Job
 from gpupool_client.errors import GpupoolError, ValidationFailed
+
+if TYPE_CHECKING:
+    from gpupool_client._core import JobArgs
 
 # Chosen to echo the shell: 124 is timeout(1)'s code, 130 is 128+SIGINT, 137 is 128+SIGKILL (the OOM killer).
 EXIT_BY_STATE = {
@@ -88,31 +91,27 @@ def _print_quote(answer: dict[str, Any]) -> None:
     print(f"estimated start:  {answer['estimated_start'] or 'no estimate from Slurm'}")
 
 
+def _job_args(args: argparse.Namespace) -> JobArgs:
+    """What ``submit`` and its ``--dry-run`` ask for, from the command line."""
+    return {
+        "gpus": args.gpus, "params": dict(args.param), "gpu_type": args.gpu_type, "name": args.name,
+        "container_image": args.image, "cpus": args.cpus, "mem_gb": args.mem_gb, "time_limit_min": args.time_limit,
+    }
+
+
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     if args.dry_run:
         if args.wait or args.follow:
             raise SystemExit("gpupool-client: --dry-run submits nothing, so there is nothing to --wait for or --follow")
-        answer = client.quote(
-            args.template, gpus=args.gpus, params=dict(args.param), gpu_type=args.gpu_type, name=args.name,
-            container_image=args.image, cpus=args.cpus, mem_gb=args.mem_gb, time_limit_min=args.time_limit,
-        )
+        answer = client.quote(args.template, **_job_args(args))
         if args.json:
             _print_json(answer)
         else:
             _print_quote(answer)
         return 0
-    job = client.submit(
-        args.template,
-        gpus=args.gpus,
-        params=dict(args.param),
-        gpu_type=args.gpu_type,
-        name=args.name,
-        container_image=args.image,
-        cpus=args.cpus,
-        mem_gb=args.mem_gb,
-        time_limit_min=args.time_limit,
-        preemptible=args.preemptible,
-    )
+    asked = _job_args(args)
+    asked["preemptible"] = args.preemptible
+    job = client.submit(args.template, **asked)
     if not (args.wait or args.follow):
         if args.json:
             _print_json(job.data)
