@@ -350,25 +350,39 @@ def cmd_mv(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+# A subcommand: what it does with the client and its parsed arguments; its exit status.
+Handler = Callable[[Client, argparse.Namespace], int]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpupool-client", description="Submit and follow GPU jobs on gpupool.")
     parser.add_argument("--url", help="API address (default: $GPUPOOL_URL)")
     parser.add_argument("--token", help="bearer token (default: $GPUPOOL_TOKEN)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def reader(name: str, help_text: str) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str, handler: Handler, *, json: bool = False) -> argparse.ArgumentParser:
+        """A subcommand run by ``handler``; ``json``: it can print the API's JSON instead of text."""
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--json", action="store_true", help="print the API's JSON")
+        if json:
+            sub.add_argument("--json", action="store_true", help="print the API's JSON")
+        sub.set_defaults(handler=handler)
         return sub
 
-    submit = reader("submit", "submit a job from a template")
-    submit.add_argument("template")
-    submit.add_argument("--gpus", type=int)
-    submit.add_argument("-p", "--param", action="append", type=parse_param, default=[], metavar="KEY=VALUE",
-                        help="template parameter; VALUE is read as JSON if it is valid JSON, else as text (repeatable)")
-    submit.add_argument("--gpu-type")
-    submit.add_argument("--name")
-    submit.add_argument("--image", help="container image")
+    def job_command(name: str, help_text: str, handler: Handler, param_help: str) -> argparse.ArgumentParser:
+        """A subcommand that starts a job from a template: the options submit and session share."""
+        sub = command(name, help_text, handler, json=True)
+        sub.add_argument("template")
+        sub.add_argument("--gpus", type=int)
+        sub.add_argument("-p", "--param", action="append", type=parse_param, default=[], metavar="KEY=VALUE", help=param_help)
+        sub.add_argument("--gpu-type")
+        sub.add_argument("--name")
+        sub.add_argument("--image", help="container image")
+        return sub
+
+    submit = job_command(
+        "submit", "submit a job from a template", cmd_submit,
+        "template parameter; VALUE is read as JSON if it is valid JSON, else as text (repeatable)",
+    )
     submit.add_argument("--cpus", type=int)
     submit.add_argument("--mem-gb", type=int)
     submit.add_argument("--time-limit", type=int, metavar="MINUTES")
@@ -376,90 +390,71 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true", help="wait for the end; exit with the job's exit code")
     submit.add_argument("--follow", action="store_true", help="print the job's output as it runs (implies --wait)")
     submit.add_argument("--dry-run", action="store_true", help="submit nothing: print the worst-case cost and Slurm's start estimate")
-    submit.set_defaults(handler=cmd_submit)
 
-    session = reader("session", "start an interactive session (jupyter, webapp) and print its single-use link")
-    session.add_argument("template")
-    session.add_argument("--gpus", type=int)
-    session.add_argument("-p", "--param", action="append", type=parse_param, default=[], metavar="KEY=VALUE",
-                         help="template parameter, as for submit (repeatable)")
-    session.add_argument("--gpu-type")
-    session.add_argument("--name")
-    session.add_argument("--image", help="container image")
+    session = job_command(
+        "session", "start an interactive session (jupyter, webapp) and print its single-use link", cmd_session,
+        "template parameter, as for submit (repeatable)",
+    )
     session.add_argument("--time-limit", type=int, metavar="MINUTES")
     session.add_argument("--idle-timeout", type=int, metavar="MINUTES", help="stop it after this long idle (at most the template's)")
     session.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
     session.add_argument("--open", action="store_true", help="open the link in the browser")
-    session.set_defaults(handler=cmd_session)
 
-    session_link = reader("session-link", "a new single-use link to a running session")
+    session_link = command("session-link", "a new single-use link to a running session", cmd_session_link, json=True)
     session_link.add_argument("job_id")
     session_link.add_argument("--open", action="store_true", help="open the link in the browser")
-    session_link.set_defaults(handler=cmd_session_link)
 
-    status = reader("status", "show one job")
+    status = command("status", "show one job", cmd_status, json=True)
     status.add_argument("job_id")
-    status.set_defaults(handler=cmd_status)
 
-    logs = commands.add_parser("logs", help="print a job's output")
+    logs = command("logs", "print a job's output", cmd_logs)
     logs.add_argument("job_id")
     logs.add_argument("-f", "--follow", action="store_true", help="print everything, then new output until the job ends")
     logs.add_argument("--stderr", dest="stream", action="store_const", const="stderr", default="stdout")
     logs.add_argument("--tail", type=int, help="last N lines (without -f)")
-    logs.set_defaults(handler=cmd_logs)
 
-    cancel = commands.add_parser("cancel", help="cancel a job")
+    cancel = command("cancel", "cancel a job", cmd_cancel)
     cancel.add_argument("job_id")
-    cancel.set_defaults(handler=cmd_cancel)
 
-    jobs = reader("jobs", "list the account's jobs, newest first")
+    jobs = command("jobs", "list the account's jobs, newest first", cmd_jobs, json=True)
     jobs.add_argument("--state", help="comma-separated states, e.g. RUNNING,PENDING")
     jobs.add_argument("--limit", type=int, help="at most this many")
-    jobs.set_defaults(handler=cmd_jobs)
 
-    templates = reader("templates", "list templates and their parameters")
-    templates.set_defaults(handler=cmd_templates)
+    command("templates", "list templates and their parameters", cmd_templates, json=True)
 
-    usage = reader("usage", "GPU-seconds, charges and balance for a month")
+    usage = command("usage", "GPU-seconds, charges and balance for a month", cmd_usage, json=True)
     usage.add_argument("--period", help="YYYY-MM (default: this month)")
-    usage.set_defaults(handler=cmd_usage)
 
-    invoice = commands.add_parser("invoice", help="download a month's CSV invoice")
+    invoice = command("invoice", "download a month's CSV invoice", cmd_invoice)
     invoice.add_argument("period", metavar="PERIOD", help="YYYY-MM")
     invoice.add_argument("-o", "--output", metavar="FILE", help="default: the server's file name, in this folder")
-    invoice.set_defaults(handler=cmd_invoice)
 
     # The account's storage: every job sees it as $GPUPOOL_DATA (/data in a container).
-    copy = commands.add_parser("cp", help="copy a file to (remote:PATH) or from your account's storage, streamed")
+    copy = command("cp", "copy a file to (remote:PATH) or from your account's storage, streamed", cmd_cp)
     copy.add_argument("source", metavar="SOURCE", help="a local file, or remote:PATH")
     copy.add_argument("target", metavar="TARGET", help="remote:PATH (ending in / keeps the file's name), or a local path")
     copy.add_argument("--resume", action="store_true", help="continue an upload an earlier cp left unfinished")
     copy.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                       help="a progress bar on stderr (default: when stdout is a terminal)")
-    copy.set_defaults(handler=cmd_cp)
 
-    listing = reader("ls", "list a folder of your account's storage")
+    listing = command("ls", "list a folder of your account's storage", cmd_ls, json=True)
     listing.add_argument("path", nargs="?", default="", metavar="PATH", help="remote:PATH or PATH (default: the top)")
-    listing.set_defaults(handler=cmd_ls)
 
-    outputs = reader("outputs", "list a job's outputs ($GPUPOOL_JOB_DIR/output), or download them with --dest")
+    outputs = command("outputs", "list a job's outputs ($GPUPOOL_JOB_DIR/output), or download them with --dest", cmd_outputs, json=True)
     outputs.add_argument("job_id", metavar="JOB")
     outputs.add_argument("path", nargs="?", default="", metavar="PATH", help="one file, or a folder ending in / (default: all)")
     outputs.add_argument("--dest", metavar="DIR", help="download into DIR (folders kept; links are not followed, so not downloaded)")
     outputs.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                          help="a progress bar on stderr (default: when stdout is a terminal)")
-    outputs.set_defaults(handler=cmd_outputs)
 
-    remove = commands.add_parser("rm", help="delete a file or an empty folder of your account's storage")
+    remove = command("rm", "delete a file or an empty folder of your account's storage", cmd_rm)
     remove.add_argument("path", metavar="PATH", help="remote:PATH or PATH")
     remove.add_argument("-r", "--recursive", action="store_true", help="a folder and everything in it")
-    remove.set_defaults(handler=cmd_rm)
 
-    move = commands.add_parser("mv", help="rename within your account's storage")
+    move = command("mv", "rename within your account's storage", cmd_mv)
     move.add_argument("source", metavar="SOURCE")
     move.add_argument("target", metavar="TARGET")
     move.add_argument("--overwrite", action="store_true", help="replace a file at TARGET")
-    move.set_defaults(handler=cmd_mv)
     return parser
 
 
