@@ -37,7 +37,7 @@ from api.downloads import (
     listing,
     page_size,
 )
-from api.jobs import JOB_ID_PARAM, _visible_job
+from api.jobs.lookup import JOB_ID_PARAM, visible_job
 from api.routing import Reply, operation
 from api.schemas import FileList
 from gpupool.errors import BadRequest, NotFound
@@ -67,7 +67,7 @@ _ROLES = WRITERS
 
 
 def _job(job_id: str) -> Job:
-    job = _visible_job(job_id)
+    job = visible_job(job_id)
     if job.account != principal().account:
         raise NotFound(f"no job {job_id!r} in your account")
     return job
