@@ -358,7 +358,7 @@ class SubmitOut(JobOut):
 
 
 # gpupool.webhooks.events.EVENT_TYPES, spelled out for pydantic and mypy; tests/unit/test_event_schemas.py holds them together.
-WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "job.idle", "budget.threshold", "budget.forecast"]
+WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "job.idle", "job.failed", "budget.threshold", "budget.forecast"]
 
 
 def _every_event_type() -> list[WebhookEventType]:
@@ -494,7 +494,7 @@ class AuditOut(BaseModel):
     address: str | None = Field(description="The client's address as the API saw it")
     action: str = Field(description="key.create, key.revoke, member.set, member.remove, alerts.set, webhook.create, "
                         "webhook.delete, job.cancel, task.cancel, signin, signout, or an operator's account.*, token.*, "
-                        "price.set, adjustment.add, idle_policy.*, member.user, node.drain, node.resume")
+                        "price.set, adjustment.add, idle_policy.*, member.user, node.drain, node.resume, run.credit")
     target: str | None
     details: dict[str, Any] | None = Field(description="What was asked for: scope, role, limits, thresholds; never a secret")
 

@@ -213,6 +213,8 @@ class Settings:
     billing_sacct_timeout_s: float = 300.0
     billing_archive_dir: str = "var/billing"
     billing_credit_failed_nodes: bool = True
+    # Runs gpupool-gpu-check ended for a failed GPU are credited in full (billing.credits).
+    billing_credit_gpu_failures: bool = True
     billing_cancel_exhausted: bool = False
     # The operator report's payback: what a kWh costs, in `currency`, as exact decimal text.
     electricity_price_per_kwh: str = "0"

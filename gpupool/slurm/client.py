@@ -645,6 +645,21 @@ class SlurmClient:
         """Raw ``sacct`` text of every allocation, of every user, in every run, active in [start, end]."""
         return self._sacct_window(start, end, fields, delimiter=delimiter).stdout
 
+    def admin_comments(self, job_ids: Sequence[int], delimiter: str) -> str:
+        """Raw ``sacct`` text, with a header row, of each run of these jobs: ``JobIDRaw``, ``Start`` and ``AdminComment``.
+
+        Only Slurm's operators write an AdminComment; gpupool-gpu-check records a GPU failure
+        there (gpupool.gpu_health.failure), which billing reads (billing.sacct.read_gpu_failures).
+        """
+        args = [
+            "--allusers", "--allocations", "--duplicates", "--parsable2", f"--delimiter={delimiter}",
+            "--jobs=" + ",".join(str(job_id) for job_id in job_ids), "--format=JobIDRaw,Start,AdminComment",
+        ]
+        result = self._command("sacct", args, timeout_s=self.settings.billing_sacct_timeout_s)
+        if "error:" in result.stderr:
+            raise CommandFailed(result.argv, result.returncode, result.stderr)
+        return result.stdout
+
     def _sacct_window(
         self, start: dt.datetime, end: dt.datetime, fields: Sequence[str], *, delimiter: str | None = None
     ) -> CommandResult:
