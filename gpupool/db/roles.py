@@ -127,6 +127,14 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
 }
 
 
+# Columns a service may write in a table it otherwise only reads: (table, columns) -> service -> privileges.
+# A billing pass that credits a run a failed GPU ended says so in the job's end_reason
+# (billing.gpu_failures); updated_at is the ORM's own stamp of any change to a job row.
+COLUMN_ACCESS: Mapping[tuple[str, tuple[str, ...]], Mapping[str, tuple[str, ...]]] = {
+    ("jobs", ("end_reason", "updated_at")): {BILLING: ("UPDATE",)},
+}
+
+
 @dataclass(frozen=True)
 class ServiceRoles:
     """PostgreSQL role names of the API, the billing worker and, where they have their own, the two senders."""
@@ -227,6 +235,14 @@ def grant_statements(connection: Connection, roles: ServiceRoles) -> list[str]:
                 statements.extend(
                     f"GRANT USAGE ON SEQUENCE {quote(sequence)} TO {quote(role)}"
                     for sequence in _sequences_of(connection, table)
+                )
+    for (table, columns), services in sorted(COLUMN_ACCESS.items()):
+        if table not in tables:
+            continue
+        for service, role in roles.by_service().items():
+            for privilege in services.get(service, NONE):
+                statements.append(
+                    f"GRANT {privilege} ({', '.join(quote(column) for column in columns)}) ON {quote(table)} TO {quote(role)}"
                 )
     return statements
 
