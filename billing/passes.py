@@ -32,6 +32,7 @@ from billing.credits import automatic_credits, credit_runs, gpu_failure_candidat
 from billing.gpu_failures import announce
 from billing.ledger_writer import JobIdLookup, write_ledger_rows
 from billing.meter import Billed, RunKey, billed_by_run, meter_rows
+from billing.node_health import record_drains
 from billing.prices import load_prices
 from billing.sacct import PASS_FIELDS, JobRun, RunReader, Tenancy, detect_delimiter, read_gpu_failures
 from billing.storage import StorageMetered, StoredBytes, meter_storage, stored_bytes
@@ -324,7 +325,18 @@ def run_pass(
             .where((BillingState.mark.is_(None)) | (BillingState.mark < window_end))
             .values(mark=window_end)
         )
+        _note_gpu_drains(session, slurm, settings, started_at, report.pass_id)
     return report
+
+
+def _note_gpu_drains(session: Session, slurm: SlurmClient, settings: Settings, now: dt.datetime, pass_id: int) -> None:
+    """The GPU check's drains (billing.node_health); sinfo failing costs the pass nothing but this, until the next."""
+    try:
+        nodes = slurm.node_reasons()
+    except GpupoolError as exc:
+        log.warning("billing pass %s: node states not read (%s); GPU drains are noted by the next pass", pass_id, exc)
+        return
+    record_drains(session, settings, nodes, now, pass_id)
 
 
 def backfill(

@@ -173,6 +173,8 @@ class Settings:
     # A file holding the password (never the password itself in the environment or a log).
     smtp_password_file: str = ""
     smtp_from: str = "gpupool@localhost"
+    # The operator's address: told of each node the GPU check drains (billing.node_health). Empty: no email.
+    operator_email: str = ""
     smtp_timeout_s: float = 10.0
     # First retry after this, doubling up to an hour; given up after this many attempts.
     email_backoff_s: float = 30.0

@@ -118,6 +118,9 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     "idle_gpu_hours": {API: READ_WRITE, BILLING: NONE},
     # Hardware costs for the operator report; set with `gpupool node cost set`.
     "node_costs": {API: READ, BILLING: NONE},
+    # GPU-check drains: each billing pass records a new one (and emails the operator through
+    # email_outbox) and notes when the node came back; the operator report reads them.
+    "node_health_events": {API: READ, BILLING: READ_WRITE},
     # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.
     "job_sessions": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
     # An array job's tasks: made at submit, kept by the refresher; they go with a job Slurm never took.

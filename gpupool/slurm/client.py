@@ -45,11 +45,13 @@ from gpupool.slurm.report import (
     Allocation,
     NodeEvent,
     NodeGpuCapacity,
+    NodeReason,
     NodeStatus,
     PendingJob,
     parse_allocations,
     parse_node_events,
     parse_node_gpus,
+    parse_node_reasons,
     parse_node_status,
     parse_pending,
 )
@@ -616,6 +618,10 @@ class SlurmClient:
             ],
         )
         return self._parsed("sacctmgr", parse_node_events, result.stdout)
+
+    def node_reasons(self) -> list[NodeReason]:
+        """Every node's state and reason now (``sinfo --json``): a drained node's reason, and since when."""
+        return self._parsed("sinfo", parse_node_reasons, self._command("sinfo", ["--json"]).stdout)
 
     def node_status(self, node: str) -> NodeStatus:
         """One node's state and reason; NotFound when Slurm has no node of that name."""

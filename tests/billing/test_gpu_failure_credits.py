@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import json
 from collections.abc import Mapping
 
 from sqlalchemy import select
@@ -19,7 +20,7 @@ from billing import passes
 from billing.sacct import PASS_FIELDS
 from gpupool import audit
 from gpupool.gpu_health.failure import GpuFailure
-from gpupool.models import Adjustment, Job, WebhookEndpoint, WebhookEvent
+from gpupool.models import Adjustment, EmailOutbox, Job, NodeHealthEvent, WebhookEndpoint, WebhookEvent
 from gpupool.proc import CommandResult
 from gpupool.slurm.client import SlurmClient
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
@@ -49,8 +50,11 @@ class Sacct:
 
     def __init__(self) -> None:
         self.asked_for_comments: list[str] = []
+        self.nodes: list[dict[str, object]] = []  # sinfo --json's nodes, Slurm 22.05's shape
 
     def __call__(self, argv: list[str], *, timeout_s: float, env: Mapping[str, str] | None = None, **_: object) -> CommandResult:
+        if argv[0].endswith("sinfo"):
+            return CommandResult(tuple(argv), 0, json.dumps({"nodes": self.nodes}), "", 0.0)
         d = next(arg.split("=", 1)[1] for arg in argv if arg.startswith("--delimiter="))
         jobs = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--jobs=")), None)
         if jobs is not None:
@@ -69,9 +73,9 @@ class Sacct:
         return CommandResult(tuple(argv), 0, "\n".join(lines) + "\n", "", 0.0)
 
 
-def bill(ledger: LedgerDb, sacct: Sacct, **settings: bool) -> passes.PassReport:
+def bill(ledger: LedgerDb, sacct: Sacct, now: str = "2026-11-03T12:00:00", **settings: object) -> passes.PassReport:
     configured = ledger.settings.replace(**settings)
-    return passes.run_pass(ledger.sessions, SlurmClient(configured, runner=sacct), configured, now=utc("2026-11-03T12:00:00"))
+    return passes.run_pass(ledger.sessions, SlurmClient(configured, runner=sacct), configured, now=utc(now))
 
 
 def add_job(ledger: LedgerDb, job_id: str, slurm_job_id: int) -> None:
@@ -171,3 +175,37 @@ def test_an_operator_credits_any_run_by_hand_once_and_audited(ledger_db: LedgerD
     missing = ledger_db.cli("credit", "run", "999", "--reason", "no such job")
     assert missing.returncode != 0 and "no charge for job '999'" in missing.stderr
     ledger_db.assert_spend_exact()
+
+
+def node(state: str, flags: list[str], reason: str, at: str | None) -> dict[str, object]:
+    changed = int(utc(at).timestamp()) if at else 0
+    return {"name": "gpu1", "state": state, "state_flags": flags, "reason": reason, "reason_changed_at": changed}
+
+
+def test_a_gpu_drain_is_recorded_and_mailed_to_the_operator_once_and_its_end_noted(ledger_db: LedgerDb) -> None:
+    ledger_db.add_account("acme")
+    sacct = Sacct()
+    operator = {"smtp_host": "smtp.example.com", "operator_email": "ops@example.com"}
+    sacct.nodes = [node("mixed", ["DRAIN"], "gpu: Xid 79 on 0000:41:00.0", "2026-11-03T01:00:00"),
+                   {**node("idle", [], "", None), "name": "gpu2"}]
+
+    bill(ledger_db, sacct, "2026-11-03T12:00:00", **operator)
+    bill(ledger_db, sacct, "2026-11-03T12:05:00", **operator)  # the same drain, seen again
+    sacct.nodes = [node("idle", [], "", None)]
+    bill(ledger_db, sacct, "2026-11-03T14:00:00", **operator)  # the operator resumed it
+    sacct.nodes = [node("down", [], "gpu: nvidia-smi hung (no answer within its timeout)", "2026-11-03T15:00:00")]
+    bill(ledger_db, sacct, "2026-11-03T16:00:00")  # drained again; this site has no operator email
+
+    with ledger_db.sessions() as session:
+        events = session.execute(
+            select(NodeHealthEvent.node, NodeHealthEvent.reason, NodeHealthEvent.drained_at, NodeHealthEvent.resumed_at)
+            .order_by(NodeHealthEvent.id)
+        ).all()
+        mail = session.execute(select(EmailOutbox.account, EmailOutbox.recipient, EmailOutbox.subject, EmailOutbox.body)).all()
+    assert [tuple(event) for event in events] == [
+        ("gpu1", "gpu: Xid 79 on 0000:41:00.0", utc("2026-11-03T01:00:00"), utc("2026-11-03T14:00:00")),
+        ("gpu1", "gpu: nvidia-smi hung (no answer within its timeout)", utc("2026-11-03T15:00:00"), None),
+    ]
+    [(account, recipient, subject, body)] = mail
+    assert (account, recipient, subject) == (None, "ops@example.com", "gpupool: node gpu1 drained, gpu: Xid 79 on 0000:41:00.0")
+    assert "gpupool node resume gpu1" in body

@@ -14,7 +14,9 @@ with the failure in its AdminComment, which sacct shows; a billing pass then
 credits its run (the invoice's charge and credit net to zero), the job's
 end_reason says gpu_failure, and job.failed is enqueued for its webhook.
 
-Not here: the operator's webhook on a drain (not built yet), and the multinode
+The pass also records the drain once for the operator (node_health_events).
+Not here: the operator's email (tests/billing/test_gpu_failure_credits.py has
+it), a webhook to the operator (not built), and the multinode
 tier's requeue of a spot job onto a healthy node (tests/multinode, not written).
 """
 
@@ -42,7 +44,7 @@ from billing.sacct import read_gpu_failures
 from gpupool import audit, db
 from gpupool.config import Settings
 from gpupool.gpu_health.check import promised_gpu_devices
-from gpupool.models import WebhookEndpoint, WebhookEvent
+from gpupool.models import NodeHealthEvent, WebhookEndpoint, WebhookEvent
 from gpupool.proc import run_command
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import unpredictable_delimiter
@@ -205,10 +207,15 @@ def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_bri
         assert charged and len(credited) == 1, lines
         assert sum(float(line["amount"]) for line in charged + credited) == 0, lines
         assert "ended by a GPU failure" in credited[0]["job_name"]
+        assert charged[-1]["end_reason"] == body["end_reason"]  # the run's last line says why it ended
         with session_factory() as session:
             events = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed")).all()
         assert [event.payload["data"]["gpu_failure"]["gpu"] for event in events] == [lost]
         assert events[0].payload["data"]["job"]["end_reason"].startswith("gpu_failure: ")
+        # The drain, as the pass saw it in sinfo: recorded once, for the operator.
+        with session_factory() as session:
+            drains = session.execute(select(NodeHealthEvent.node, NodeHealthEvent.reason, NodeHealthEvent.resumed_at)).all()
+        assert [tuple(drain) for drain in drains] == [(node.name, reason, None)]
 
         node.answer_healthy()
         assert resume_with_the_cli(settings, session_factory, node.name, monkeypatch) == 0
