@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from sqlalchemy import select
 
 from billing import passes
+from billing.report import build_report
 from billing.sacct import PASS_FIELDS
 from gpupool import audit
 from gpupool.gpu_health.failure import GpuFailure
@@ -24,6 +25,7 @@ from gpupool.models import Adjustment, EmailOutbox, Job, NodeHealthEvent, Webhoo
 from gpupool.proc import CommandResult
 from gpupool.slurm.client import SlurmClient
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
+from tests.billing.test_report_invoices import NoCluster
 
 
 def utc(text: str) -> dt.datetime:
@@ -209,3 +211,12 @@ def test_a_gpu_drain_is_recorded_and_mailed_to_the_operator_once_and_its_end_not
     [(account, recipient, subject, body)] = mail
     assert (account, recipient, subject) == (None, "ops@example.com", "gpupool: node gpu1 drained, gpu: Xid 79 on 0000:41:00.0")
     assert "gpupool node resume gpu1" in body
+
+    # The operator report of the day: gpu1's two drains (13 h then 1 h to the report's end) and the two runs the
+    # first pass credited (0.432 and 0.216, each rounded to the cent as its invoice line).
+    with ledger_db.sessions() as session:
+        report = build_report(session, NoCluster(), ledger_db.settings, utc("2026-11-03T00:00:00"), utc("2026-11-04T00:00:00"),  # type: ignore[arg-type]
+                              utc("2026-11-03T16:00:00"))
+    assert [line.model_dump() for line in report.node_health] == [
+        {"node": "gpu1", "drains": 2, "hours_drained": "14.00", "runs_credited": 2, "credited": "0.65"},
+    ]
