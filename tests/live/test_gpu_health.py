@@ -15,6 +15,7 @@ credits its run (the invoice's charge and credit net to zero), the job's
 end_reason says gpu_failure, and job.failed is enqueued for its webhook.
 
 The pass also records the drain once for the operator (node_health_events).
+A spot job on the failed GPU is requeued instead, and its failed run credited.
 Not here: the operator's email (tests/billing/test_gpu_failure_credits.py has
 it), a webhook to the operator (not built), and the multinode
 tier's requeue of a spot job onto a healthy node (tests/multinode, not written).
@@ -147,12 +148,30 @@ def wait_for_gpu_drain(slurm: SlurmClient, node: LocalNode) -> str | None:
     return wait_for(drained, timeout_s=node.interval_s * 2 + 30, interval_s=1, what=f"{node.name} to drain for its GPU")
 
 
-def sacct_run(slurm_job_id: int) -> dict[str, str]:
+def sacct_runs(slurm_job_id: int) -> list[dict[str, str]]:
+    """Each run of the job as slurmdbd recorded it (a requeued job has one per start)."""
     result = run_command(
-        ["sacct", "-X", "--noheader", "--parsable2", "-j", str(slurm_job_id), "--format=State,AdminComment"], timeout_s=30,
+        ["sacct", "-X", "--duplicates", "--noheader", "--parsable2", "-j", str(slurm_job_id), "--format=State,AdminComment"],
+        timeout_s=30,
     )
-    state, _, comment = result.stdout.strip().splitlines()[-1].partition("|")
-    return {"state": state, "admin_comment": comment}
+    runs = []
+    for line in result.stdout.strip().splitlines():
+        state, _, comment = line.partition("|")
+        runs.append({"state": state, "admin_comment": comment})
+    return runs
+
+
+def sacct_run(slurm_job_id: int) -> dict[str, str]:
+    return sacct_runs(slurm_job_id)[-1]
+
+
+def add_endpoint(session_factory: sessionmaker, account: str) -> None:
+    with session_factory() as session, session.begin():
+        set_price(session, "*", 120_000, dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
+        session.add(WebhookEndpoint(
+            id="ep-gpu-failure", account=account, url="https://hooks.example.com/gpupool", events="job.ended,job.failed",
+            secret="s" * 32,
+        ))
 
 
 def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_brings_the_node_back(
@@ -161,12 +180,7 @@ def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_bri
 ) -> None:
     node.answer_healthy()
     since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
-    with session_factory() as session, session.begin():
-        set_price(session, "*", 120_000, dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
-        session.add(WebhookEndpoint(
-            id="ep-gpu-failure", account=account, url="https://hooks.example.com/gpupool", events="job.ended,job.failed",
-            secret="s" * 32,
-        ))
+    add_endpoint(session_factory, account)
     created = client.post("/submit", headers=auth, json={
         "template": "hello", "gpus": len(node.devices), "params": {"message": "gpu check", "seconds": 600},
     }).get_json()
@@ -223,6 +237,43 @@ def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_bri
         with session_factory() as session:
             row = audit.events(session, limit=1)[0]
         assert (row.action, row.target, (row.details or {}).get("reason_before")) == ("node.resume", node.name, reason)
+    finally:
+        client.delete(f"/jobs/{job_id}", headers=auth)
+
+
+def test_a_spot_job_on_a_gpu_that_fails_is_requeued_and_its_failed_run_credited(
+    node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], account: str, settings: Settings,
+    session_factory: sessionmaker, tmp_path: Path,
+) -> None:
+    node.answer_healthy()
+    since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
+    add_endpoint(session_factory, account)
+    created = client.post("/submit", headers=auth, json={
+        "template": "hello", "gpus": len(node.devices), "preemptible": True, "params": {"message": "spot", "seconds": 600},
+    }).get_json()
+    job_id = created["job_id"]
+    try:
+        wait_for_state(client, job_id, auth, {"RUNNING"}, timeout_s=60)
+        slurm_job_id = client.get(f"/jobs/{job_id}", headers=auth).get_json()["slurm_job_id"]
+        wait_for(node.knows_bus_ids, timeout_s=node.interval_s * 2 + 30, interval_s=1, what="a healthy check to read the GPUs")
+        node.answer_fallen_off_the_bus(0)
+
+        wait_for_gpu_drain(slurm, node)
+
+        # Requeued, not cancelled: the failed run is REQUEUED in slurmdbd, with the failure beside it, and the job waits.
+        runs = wait_for(lambda: (found := sacct_runs(slurm_job_id))[0]["state"] == "REQUEUED" and found, timeout_s=60,
+                        interval_s=1, what="the job's run to be requeued")
+        assert runs[0]["admin_comment"].startswith(f"gpu_failure: 0000:{node.bus_id(0).lower()} is lost")
+        first = passes.run_pass(session_factory, slurm, settings.replace(billing_archive_dir=str(tmp_path / "archive")), since=since)
+
+        assert first.credits >= 1
+        body = client.get(f"/jobs/{job_id}", headers=auth).get_json()
+        # The job goes on (requeued: COMPLETING, then PREEMPTED until it runs again), and has no end to explain.
+        assert body["end_reason"] is None and body["state"] not in ("CANCELLED", "COMPLETED", "FAILED"), body
+        with session_factory() as session:
+            [event] = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed"))
+        assert event.payload["data"]["gpu_failure"]["requeued"] is True
+        assert float(event.payload["data"]["credited"]) > 0
     finally:
         client.delete(f"/jobs/{job_id}", headers=auth)
 
