@@ -105,7 +105,7 @@ class SubmitRequest(BaseModel):
         default=None,
         max_length=2048,
         pattern=r"^https?://[!-~]+$",
-        description="Also send this job's webhook events (job.started, job.preempted, job.ended) here; the answer carries its callback_secret.",
+        description="Also send this job's webhook events (job.started, job.preempted, job.ended, job.idle, job.failed) here; the answer carries its callback_secret.",
     )
     idle_timeout_min: Annotated[int, Field(ge=1, le=7 * 24 * 60), WHOLE] | None = Field(
         default=None,
@@ -168,7 +168,7 @@ class JobOut(BaseModel):
     exit_code: int | None
     exit_signal: int | None
     elapsed_s: int | None
-    end_reason: str | None = Field(default=None, description="Why gpupool ended the job, when it did (an idle session).")
+    end_reason: str | None = Field(default=None, description="Why gpupool ended the job, when it did: an idle session, idle GPUs, or \"gpu_failure: ...\" (a failed GPU; its run is credited).")
     session: bool = Field(default=False, description="A session job: see GET /jobs/<id>/session.")
     estimated_start: dt.datetime | None = Field(
         default=None,
