@@ -18,6 +18,7 @@ from gpupool.webhooks.events import (
     BUDGET_FORECAST,
     BUDGET_THRESHOLD,
     JOB_ENDED,
+    JOB_FAILED,
     JOB_IDLE,
     JOB_PREEMPTED,
     JOB_STARTED,
@@ -46,7 +47,9 @@ class EventJob(_Payload):
     exit_code: int | None
     exit_signal: int | None
     elapsed_s: int | None
-    end_reason: str | None = Field(description="Why gpupool ended the job (an idle session, idle GPUs); null otherwise")
+    end_reason: str | None = Field(
+        description='Why gpupool ended the job (an idle session, idle GPUs, "gpu_failure: ..." a failed GPU); null otherwise'
+    )
     preemptible: bool
     run_count: int
     gpu_seconds: int | None = Field(description="job.ended only, once a billing pass has billed the job; else null")
@@ -95,6 +98,22 @@ class JobIdleData(_Payload):
     idle: IdleNotice
 
 
+class GpuFailureNotice(_Payload):
+    node: str
+    gpu: str = Field(description="The failed GPU's PCI bus id, or the device file gres.conf names")
+    xid: int | None = Field(description="The NVIDIA Xid the kernel logged, when the failure was one")
+    reason: str = Field(description="What the node's GPU check found, e.g. \"Xid 79 on 0000:41:00.0\"")
+    at: str = Field(description="When the check found it, UTC")
+    requeued: bool = Field(description="The job was requeued (a spot job) and runs again on a healthy node")
+
+
+class JobFailedData(_Payload):
+    job: EventJob
+    gpu_failure: GpuFailureNotice
+    run_started_at: str = Field(description="The start of the run the failure ended")
+    credited: str = Field(description="What the run had been charged, credited back on the invoice (exact decimal text)")
+
+
 class BudgetEventData(_Payload):
     alert: BudgetAlert
 
@@ -114,6 +133,11 @@ class JobIdleEvent(_Event):
     data: JobIdleData
 
 
+class JobFailedEvent(_Event):
+    type: Literal["job.failed"]
+    data: JobFailedData
+
+
 class BudgetEvent(_Event):
     type: Literal["budget.threshold", "budget.forecast"]
     data: BudgetEventData
@@ -124,6 +148,7 @@ EVENTS: dict[str, tuple[type[_Event], str]] = {
     JOB_STARTED: (JobEvent, "A job started running (a requeued spot job: each run)"),
     JOB_PREEMPTED: (JobEvent, "A spot job was preempted by a full-price job: requeued, it runs again later"),
     JOB_ENDED: (JobEvent, "A job ended, with its final state and exit code"),
+    JOB_FAILED: (JobFailedEvent, "A failed GPU ended a run of the job, and the run was credited in full (once per run)"),
     JOB_IDLE: (JobIdleEvent, "Every GPU of a running job stayed under its idle policy's threshold for the policy's window"),
     BUDGET_THRESHOLD: (BudgetEvent, "A billing pass found the account's spend past one of its alert thresholds (once per period)"),
     BUDGET_FORECAST: (BudgetEvent, "At the last 24 hours' rate the account's budget runs out within its forecast horizon"),
@@ -132,7 +157,7 @@ EVENTS: dict[str, tuple[type[_Event], str]] = {
 
 def event_models() -> list[type[BaseModel]]:
     """Every model the ``webhooks`` section refers to, for the document's components."""
-    return [JobEvent, JobIdleEvent, BudgetEvent]
+    return [JobEvent, JobIdleEvent, JobFailedEvent, BudgetEvent]
 
 
 def validate_event(body: dict[str, Any]) -> BaseModel:

@@ -105,7 +105,7 @@ class SubmitRequest(BaseModel):
         default=None,
         max_length=2048,
         pattern=r"^https?://[!-~]+$",
-        description="Also send this job's webhook events (job.started, job.preempted, job.ended) here; the answer carries its callback_secret.",
+        description="Also send this job's webhook events (job.started, job.preempted, job.ended, job.idle, job.failed) here; the answer carries its callback_secret.",
     )
     idle_timeout_min: Annotated[int, Field(ge=1, le=7 * 24 * 60), WHOLE] | None = Field(
         default=None,
@@ -168,7 +168,7 @@ class JobOut(BaseModel):
     exit_code: int | None
     exit_signal: int | None
     elapsed_s: int | None
-    end_reason: str | None = Field(default=None, description="Why gpupool ended the job, when it did (an idle session).")
+    end_reason: str | None = Field(default=None, description="Why gpupool ended the job, when it did: an idle session, idle GPUs, or \"gpu_failure: ...\" (a failed GPU; its run is credited).")
     session: bool = Field(default=False, description="A session job: see GET /jobs/<id>/session.")
     estimated_start: dt.datetime | None = Field(
         default=None,
@@ -358,7 +358,7 @@ class SubmitOut(JobOut):
 
 
 # gpupool.webhooks.events.EVENT_TYPES, spelled out for pydantic and mypy; tests/unit/test_event_schemas.py holds them together.
-WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "job.idle", "budget.threshold", "budget.forecast"]
+WebhookEventType = Literal["job.started", "job.ended", "job.preempted", "job.idle", "job.failed", "budget.threshold", "budget.forecast"]
 
 
 def _every_event_type() -> list[WebhookEventType]:
@@ -494,7 +494,7 @@ class AuditOut(BaseModel):
     address: str | None = Field(description="The client's address as the API saw it")
     action: str = Field(description="key.create, key.revoke, member.set, member.remove, alerts.set, webhook.create, "
                         "webhook.delete, job.cancel, task.cancel, signin, signout, or an operator's account.*, token.*, "
-                        "price.set, adjustment.add, idle_policy.*, member.user, node.drain, node.resume")
+                        "price.set, adjustment.add, idle_policy.*, member.user, node.drain, node.resume, run.credit")
     target: str | None
     details: dict[str, Any] | None = Field(description="What was asked for: scope, role, limits, thresholds; never a secret")
 

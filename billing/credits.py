@@ -1,47 +1,122 @@
-"""Automatic credits for runs that a failed node ended (NODE_FAIL, BOOT_FAIL).
+"""Credits against one run: every charge the ledger holds for it given back, per invoice period.
 
-When the operator turns ``billing_credit_failed_nodes`` on, a pass that sees
-such a run gives back everything the ledger charged for it, as one adjustment
-per invoice period. The adjustment's ``source_key`` names the run and period,
-so a later pass that sees the run again adds nothing.
+Three causes, one mechanism (``credit_runs``):
+
+- a failed node (``failed_node``): a run that ended in NODE_FAIL or BOOT_FAIL,
+  when the operator has ``billing_credit_failed_nodes`` on;
+- a failed GPU (``gpu_failure``): a run that was running when gpupool-gpu-check
+  found its GPU failed and ended it (the job's AdminComment,
+  ``gpupool.gpu_health.failure``), when ``billing_credit_gpu_failures`` is on;
+- the operator's hand (``manual``): ``gpupool credit run <job> --reason ...``.
+
+Each credit is one adjustment per run and period whose ``source_key`` names the
+cause, the run and the period, so a later pass that sees the run again adds
+nothing; and a run credited for one cause is never credited for another (a
+run is given back once, whatever the reason).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from billing.meter import RunKey
 from billing.sacct import FAILED_NODE_STATES, JobRun
+from gpupool.gpu_health.failure import GpuFailure
 from gpupool.models import Adjustment, LedgerEntry
+
+FAILED_NODE, GPU_FAILURE, MANUAL = "failed-node", "gpu-failure", "manual"
+# Adjustment.kind of each cause's credit lines.
+KINDS = {FAILED_NODE: "failed_node_credit", GPU_FAILURE: "gpu_failure_credit", MANUAL: "manual_run_credit"}
+# A run a customer, not a failure, ended is never a GPU failure's, even with the comment (a later run's).
+_GPU_FAILURE_STATES = frozenset({"CANCELLED", "REQUEUED", "FAILED", "NODE_FAIL", "PREEMPTED", "TIMEOUT", "OUT_OF_MEMORY"})
+# The node's clock and slurmctld's may differ by a little: a failure a few seconds past a run's end is still its.
+_CLOCK_SLACK = dt.timedelta(seconds=120)
+
+# (cluster, JobIDRaw, run start): one run of one job, across its GPU types.
+RunId = tuple[str, int, dt.datetime]
+
+
+@dataclass(frozen=True)
+class RunCredit:
+    """One run to give back, why, and the words on the invoice."""
+
+    run: JobRun
+    cause: str
+    reason: str
+    failure: GpuFailure | None = None
+
+
+@dataclass(frozen=True)
+class Written:
+    """A credit line a call wrote (not one an earlier pass had)."""
+
+    credit: RunCredit
+    period: str
+    amount_nanos: int
+
+
+def run_id(run: JobRun) -> RunId:
+    return (run.cluster, run.job_id_raw, run.start)
+
+
+def _key(cause: str, run: RunId, period: str) -> str:
+    cluster, job_id_raw, start = run
+    return f"{cause}:{cluster}:{job_id_raw}:{start:%Y%m%dT%H%M%S}:{period}"
 
 
 def failed_node_credits(runs: Iterable[JobRun], amounts: Mapping[tuple[RunKey, str], int]) -> list[tuple[JobRun, str, int]]:
     """``(run, period, credit)`` for each finished NODE_FAIL/BOOT_FAIL run's charges per period."""
-    credits: list[tuple[JobRun, str, int]] = []
+    return [
+        (run, period, credit)
+        for run in runs if run.state in FAILED_NODE_STATES
+        for period, credit in credits_per_period(run, amounts)
+    ]
+
+
+def credits_per_period(run: JobRun, amounts: Mapping[tuple[RunKey, str], int]) -> list[tuple[str, int]]:
+    """``(period, credit)``: minus what the ledger charged the run in each period, periods in order."""
+    per_period: dict[str, int] = {}
+    for (run_key, period), nanos in amounts.items():
+        if run_key[:3] == run_id(run) and run_key[3] in run.gpus:
+            per_period[period] = per_period.get(period, 0) + nanos
+    return [(period, -nanos) for period, nanos in sorted(per_period.items()) if nanos]
+
+
+def gpu_failure_candidates(runs: Iterable[JobRun]) -> list[JobRun]:
+    """Runs a GPU failure may have ended: finished, and not in a state only the job itself reaches."""
+    return [run for run in runs if run.finished and run.state in _GPU_FAILURE_STATES]
+
+
+def hit_by(run: JobRun, failure: GpuFailure) -> bool:
+    """The run was running when the check found the failure: a requeued job's later runs started after it."""
+    return run.start <= failure.at and (run.end is None or failure.at <= run.end + _CLOCK_SLACK)
+
+
+def automatic_credits(
+    runs: Sequence[JobRun], failures: Mapping[int, GpuFailure], *, failed_nodes: bool, gpu_failures: bool
+) -> list[RunCredit]:
+    """What a pass gives back: failed nodes' runs, and runs a failed GPU ended (``failures`` by JobIDRaw)."""
+    credits: list[RunCredit] = []
     for run in runs:
-        if run.state not in FAILED_NODE_STATES:
+        if failed_nodes and run.state in FAILED_NODE_STATES:
+            credits.append(RunCredit(run, FAILED_NODE, f"automatic credit: job {run.job_id} ended in {run.state}"))
             continue
-        per_period: dict[str, int] = {}
-        for gpu_type in run.gpus:
-            key = (run.cluster, run.job_id_raw, run.start, gpu_type)
-            for (run_key, period), nanos in amounts.items():
-                if run_key == key:
-                    per_period[period] = per_period.get(period, 0) + nanos
-        credits.extend((run, period, -nanos) for period, nanos in sorted(per_period.items()) if nanos)
+        failure = failures.get(run.job_id_raw)
+        if gpu_failures and failure is not None and run.finished and run.state in _GPU_FAILURE_STATES and hit_by(run, failure):
+            credits.append(RunCredit(
+                run, GPU_FAILURE, f"automatic credit: job {run.job_id} ended by a GPU failure ({failure.end_reason()})", failure,
+            ))
     return credits
 
 
-def credit_failed_nodes(session: Session, runs: Sequence[JobRun], now: dt.datetime) -> int:
-    """Credit back every charge of runs that ended in NODE_FAIL or BOOT_FAIL; once per run and period."""
-    failed = [run for run in runs if run.state in FAILED_NODE_STATES]
-    if not failed:
-        return 0
+def _amounts(session: Session, runs: Iterable[JobRun]) -> dict[tuple[RunKey, str], int]:
     amounts: dict[tuple[RunKey, str], int] = {}
-    for run in failed:
+    for run in runs:
         query = (
             select(LedgerEntry.gpu_type, LedgerEntry.period, func.sum(LedgerEntry.amount_nanos))
             .where(
@@ -55,23 +130,43 @@ def credit_failed_nodes(session: Session, runs: Sequence[JobRun], now: dt.dateti
         )
         for gpu_type, period, nanos in session.execute(query):
             amounts[((run.cluster, run.job_id_raw, run.start, gpu_type), period)] = int(nanos)
-    written = 0
-    for run, period, credit in failed_node_credits(failed, amounts):
-        key = f"failed-node:{run.cluster}:{run.job_id_raw}:{run.start:%Y%m%dT%H%M%S}:{period}"
-        if session.execute(select(Adjustment.id).where(Adjustment.source_key == key)).first():
-            continue
-        session.add(
-            Adjustment(
-                account=run.account,
-                period=period,
-                amount_nanos=credit,
-                reason=f"automatic credit: job {run.job_id} ended in {run.state}",
-                kind="failed_node_credit",
-                source_key=key,
-                created_by="gpupool billing",
-                created_at=now,
+    return amounts
+
+
+def credited(session: Session, run: RunId, period: str) -> bool:
+    """Whether any cause has credited this run in this period already."""
+    keys = [_key(cause, run, period) for cause in KINDS]
+    return session.execute(select(Adjustment.id).where(or_(*(Adjustment.source_key == key for key in keys)))).first() is not None
+
+
+def credit_runs(session: Session, credits: Sequence[RunCredit], now: dt.datetime, created_by: str = "gpupool billing") -> list[Written]:
+    """Write each run's credit lines, once per run and period whatever the cause; the lines written now."""
+    if not credits:
+        return []
+    amounts = _amounts(session, (credit.run for credit in credits))
+    written: list[Written] = []
+    for credit in credits:
+        run = credit.run
+        for period, amount in credits_per_period(run, amounts):
+            if credited(session, run_id(run), period):
+                continue
+            session.add(
+                Adjustment(
+                    account=run.account,
+                    period=period,
+                    amount_nanos=amount,
+                    reason=credit.reason,
+                    kind=KINDS[credit.cause],
+                    source_key=_key(credit.cause, run_id(run), period),
+                    created_by=created_by,
+                    created_at=now,
+                )
             )
-        )
-        written += 1
-    session.flush()
+            session.flush()  # the next credit's check sees this one
+            written.append(Written(credit, period, amount))
     return written
+
+
+def credit_failed_nodes(session: Session, runs: Sequence[JobRun], now: dt.datetime) -> int:
+    """Credit back every charge of runs that ended in NODE_FAIL or BOOT_FAIL; once per run and period."""
+    return len(credit_runs(session, automatic_credits(runs, {}, failed_nodes=True, gpu_failures=False), now))

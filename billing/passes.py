@@ -2,7 +2,8 @@
 
 This module runs passes (``run_pass``, ``backfill``, ``replay``); the rows are
 made by ``billing.meter``, written by ``billing.ledger_writer``, and the
-failed-node credits come from ``billing.credits``. Budget enforcement after a
+credits of runs a failed node or GPU ended come from ``billing.credits``
+(``billing.gpu_failures`` tells the job's owner of the latter). Budget enforcement after a
 pass is ``billing.enforcement``.
 
 One pass is one database transaction. Its first statement updates the single
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +28,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.alerts import fire_alerts
 from billing.archive import Archiver, read_text
-from billing.credits import credit_failed_nodes
+from billing.credits import automatic_credits, credit_runs, gpu_failure_candidates
+from billing.gpu_failures import announce
 from billing.ledger_writer import JobIdLookup, write_ledger_rows
 from billing.meter import Billed, RunKey, billed_by_run, meter_rows
+from billing.node_health import record_drains
 from billing.prices import load_prices
-from billing.sacct import PASS_FIELDS, JobRun, RunReader, Tenancy, detect_delimiter
+from billing.sacct import PASS_FIELDS, JobRun, RunReader, Tenancy, detect_delimiter, read_gpu_failures
 from billing.storage import StorageMetered, StoredBytes, meter_storage, stored_bytes
 from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
+from gpupool.gpu_health.failure import GpuFailure
 from gpupool.models import Account, BillingPass, BillingState, Job, LedgerEntry, MemberIdentity
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import ParseError, unpredictable_delimiter
@@ -67,6 +71,27 @@ class PassReport:
 
 
 ProgressHook = Callable[[PassReport | None], None]
+# JobIDRaw -> the GPU failure recorded on the job, for the jobs asked about (SlurmClient.admin_comments).
+GpuFailureLookup = Callable[[Sequence[int]], Mapping[int, GpuFailure]]
+# sacct's --jobs list, asked in pieces this long.
+_JOBS_PER_QUERY = 500
+
+
+def sacct_gpu_failures(slurm: SlurmClient) -> GpuFailureLookup:
+    """The pass's lookup: AdminComments of the runs a GPU failure may have ended, one sacct call per piece."""
+
+    def lookup(job_ids: Sequence[int]) -> Mapping[int, GpuFailure]:
+        failures: dict[int, GpuFailure] = {}
+        for at in range(0, len(job_ids), _JOBS_PER_QUERY):
+            delimiter = unpredictable_delimiter()
+            text = slurm.admin_comments(job_ids[at:at + _JOBS_PER_QUERY], delimiter)
+            try:
+                failures.update(read_gpu_failures(text, delimiter))
+            except ParseError as exc:
+                raise SlurmUnavailable(f"unexpected sacct output: {exc}") from exc
+        return failures
+
+    return lookup
 
 
 def _lock(session: Session, now: dt.datetime) -> dt.datetime | None:
@@ -149,8 +174,12 @@ def bill_sacct_output(
     default_cluster: str | None = None,
     fields: tuple[str, ...] | None = None,
     measure_storage: StoredBytes | None = None,
+    gpu_failures: GpuFailureLookup | None = None,
 ) -> PassReport:
     """Bill ``text`` inside the caller's transaction, which must hold the billing lock.
+
+    With ``gpu_failures`` (a pass, which can ask sacct) runs a failed GPU ended are
+    credited (``billing_credit_gpu_failures``); a replay's output has no AdminComment.
 
     With ``measure_storage`` (a pass, not a replay of old output) the accounts' storage is
     measured and charged too (billing.storage), in the same transaction.
@@ -206,7 +235,15 @@ def bill_sacct_output(
         raise unreadable(exc) from exc
     for reason in reader.refused:
         log.warning("billing pass %s: not billed, %s", record.id, reason)
-    credits = credit_failed_nodes(session, runs, started_at) if settings.billing_credit_failed_nodes else 0
+    failures: Mapping[int, GpuFailure] = {}
+    if gpu_failures is not None and settings.billing_credit_gpu_failures:
+        candidates = sorted({run.job_id_raw for run in gpu_failure_candidates(runs)})
+        failures = gpu_failures(candidates) if candidates else {}
+    written = credit_runs(session, automatic_credits(
+        runs, failures, failed_nodes=settings.billing_credit_failed_nodes, gpu_failures=settings.billing_credit_gpu_failures,
+    ), started_at)
+    announce(session, written, job_id_of, started_at)
+    credits = len(written)
     storage = meter_storage(session, settings, record.id, started_at, measure_storage) if measure_storage else StorageMetered()
     try:
         archive_path, sha256 = archiver.result()
@@ -280,6 +317,7 @@ def run_pass(
             window=(window_start, window_end),
             started_at=started_at,
             measure_storage=measure_storage,
+            gpu_failures=sacct_gpu_failures(slurm),
         )
         session.execute(
             update(BillingState)
@@ -287,7 +325,18 @@ def run_pass(
             .where((BillingState.mark.is_(None)) | (BillingState.mark < window_end))
             .values(mark=window_end)
         )
+        _note_gpu_drains(session, slurm, settings, started_at, report.pass_id)
     return report
+
+
+def _note_gpu_drains(session: Session, slurm: SlurmClient, settings: Settings, now: dt.datetime, pass_id: int) -> None:
+    """The GPU check's drains (billing.node_health); sinfo failing costs the pass nothing but this, until the next."""
+    try:
+        nodes = slurm.node_reasons()
+    except GpupoolError as exc:
+        log.warning("billing pass %s: node states not read (%s); GPU drains are noted by the next pass", pass_id, exc)
+        return
+    record_drains(session, settings, nodes, now, pass_id)
 
 
 def backfill(

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from gpupool.gpu_health.failure import GpuFailure, parse_comment
 from gpupool.slurm.parse import (
     ParseError,
     base_state,
@@ -373,3 +374,24 @@ class RunReader:
 
 # The start of the refusal no pass may skip past: the output itself is ambiguous, not one row.
 _AMBIGUOUS = "the columns are separated by"
+
+
+def read_gpu_failures(text: str, delimiter: str) -> dict[int, GpuFailure]:
+    """JobIDRaw -> the GPU failure its AdminComment records, from ``SlurmClient.admin_comments`` output.
+
+    Read by the header row, AdminComment last (an operator's comment may hold a newline:
+    its further lines continue it). Every run of a job carries the same comment; any
+    other comment (an operator's own words) is no failure.
+    """
+    header = [name.strip().lower() for name in read_header(text, delimiter)]
+    if "jobidraw" not in header or header[-1] != "admincomment":
+        raise ParseError(f"expected JobIDRaw and AdminComment last; columns were {header!r}")
+    i_raw = header.index("jobidraw")
+    failures: dict[int, GpuFailure] = {}
+    for _line, row in numbered_rows(text, delimiter, len(header), multiline_last=True):
+        if len(row) != len(header) or not row[i_raw].isdigit():
+            continue
+        failure = parse_comment(row[-1].split("\n", 1)[0])
+        if failure is not None:
+            failures[int(row[i_raw])] = failure
+    return failures

@@ -18,7 +18,7 @@ Actions (``target`` in brackets):
 - operators: ``account.create``, ``account.set``, ``account.disable``, ``account.enable``,
   ``token.create`` [token id], ``token.revoke`` [token id], ``price.set`` [GPU type],
   ``adjustment.add``, ``idle_policy.set``, ``idle_policy.delete`` [scope name],
-  ``node.drain``, ``node.resume`` [Slurm node name]
+  ``node.drain``, ``node.resume`` [Slurm node name], ``run.credit`` [the job, as the operator named it]
 
 ``details`` holds what was asked for (scope, role, limits, thresholds, URL),
 never a secret.
@@ -51,6 +51,7 @@ TOKEN_CREATE, TOKEN_REVOKE = "token.create", "token.revoke"
 PRICE_SET, ADJUSTMENT_ADD = "price.set", "adjustment.add"
 IDLE_POLICY_SET, IDLE_POLICY_DELETE = "idle_policy.set", "idle_policy.delete"
 NODE_DRAIN, NODE_RESUME = "node.drain", "node.resume"
+RUN_CREDIT = "run.credit"
 
 VIA_TOKEN, VIA_KEY, VIA_PAGE, VIA_CLI = "token", "key", "page", "cli"
 MAX_PAGE = 500

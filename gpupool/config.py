@@ -173,6 +173,8 @@ class Settings:
     # A file holding the password (never the password itself in the environment or a log).
     smtp_password_file: str = ""
     smtp_from: str = "gpupool@localhost"
+    # The operator's address: told of each node the GPU check drains (billing.node_health). Empty: no email.
+    operator_email: str = ""
     smtp_timeout_s: float = 10.0
     # First retry after this, doubling up to an hour; given up after this many attempts.
     email_backoff_s: float = 30.0
@@ -216,6 +218,8 @@ class Settings:
     billing_sacct_timeout_s: float = 300.0
     billing_archive_dir: str = "var/billing"
     billing_credit_failed_nodes: bool = True
+    # Runs gpupool-gpu-check ended for a failed GPU are credited in full (billing.credits).
+    billing_credit_gpu_failures: bool = True
     billing_cancel_exhausted: bool = False
     # The operator report's payback: what a kWh costs, in `currency`, as exact decimal text.
     electricity_price_per_kwh: str = "0"

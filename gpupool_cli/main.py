@@ -31,6 +31,7 @@ from gpupool.slurm.tenants import ensure_tenant_folder, ensure_tenant_user
 from gpupool.storage.sizes import format_size
 from gpupool_cli.audit_cmds import add_audit_parsers
 from gpupool_cli.billing_cmds import add_billing_parsers
+from gpupool_cli.credit_cmds import add_credit_parsers
 from gpupool_cli.idle_cmds import add_idle_parsers
 from gpupool_cli.member_cmds import add_member_parsers, migrate_members, print_migrated
 from gpupool_cli.node_cmds import add_node_parsers
@@ -251,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="accounts and their Unix users as JSON")
     listing.set_defaults(handler=cmd_account_list)
     add_billing_parsers(sub, account)
+    add_credit_parsers(sub)
     add_token_parsers(sub, account, _account_name)
     add_member_parsers(sub, _account_name)
     add_webhook_parsers(sub)

@@ -7,7 +7,9 @@ scrape given with ``--metrics-file NODE=FILE``. A node whose exporter cannot be
 read shows ``n/a`` for its GPUs and says why below the table.
 
 GPUs an exporter reports that no job holds are listed too, with ``-`` for the
-job: a busy GPU there is work running outside Slurm.
+job: a busy GPU there is work running outside Slurm. Nodes out of service
+(drained, down) are listed below the table with Slurm's reason and since when:
+``gpu: ...`` is the GPU health check's (``gpupool node resume`` brings one back).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gpupool.errors import SlurmUnavailable
 from gpupool.gpu_usage.exporter import GpuReading, NodeMetrics, node_metrics_from_text, scrape_cluster
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.detail import RunningJob
+from gpupool.slurm.report import NodeReason
 
 NA = "n/a"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -74,7 +77,18 @@ def _table(rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def render_top(jobs: Sequence[RunningJob], metrics: Mapping[str, NodeMetrics], *, now: dt.datetime) -> str:
+def _out_of_service_lines(nodes: Sequence[NodeReason]) -> list[str]:
+    lines = []
+    for node in sorted((node for node in nodes if node.out_of_service), key=lambda node: node.name):
+        since = f" since {node.reason_changed_at:%Y-%m-%d %H:%M} UTC" if node.reason_changed_at is not None else ""
+        reason = _printable(node.reason) or "no reason given"
+        lines.append(f"{_printable(node.name)}: {_printable(node.state.lower())}{since}: {reason}")
+    return lines
+
+
+def render_top(
+    jobs: Sequence[RunningJob], metrics: Mapping[str, NodeMetrics], *, now: dt.datetime, nodes: Sequence[NodeReason] = (),
+) -> str:
     """The whole view as plain text: a pure function of what Slurm and the exporters said."""
     jobs = [job for job in jobs if job.gpus]
     held = sum(job.gpu_count for job in jobs)
@@ -100,6 +114,9 @@ def render_top(jobs: Sequence[RunningJob], metrics: Mapping[str, NodeMetrics], *
     if failing:
         lines.append("")
         lines.extend(f"{_printable(node.node)}: GPU metrics {NA}: {_printable(node.error or '')}" for node in failing)
+    out_of_service = _out_of_service_lines(nodes)
+    if out_of_service:
+        lines += ["", "Out of service:", *(f"  {line}" for line in out_of_service)]
     return "\n".join(lines) + "\n"
 
 
@@ -120,7 +137,7 @@ def collect_metrics(jobs: Sequence[RunningJob], settings: Settings, files: Mappi
 
 def snapshot(slurm: SlurmClient, settings: Settings, files: Mapping[str, Path]) -> str:
     jobs = slurm.running_gpu_jobs()
-    return render_top(jobs, collect_metrics(jobs, settings, files), now=db.utcnow())
+    return render_top(jobs, collect_metrics(jobs, settings, files), now=db.utcnow(), nodes=slurm.node_reasons())
 
 
 def cmd_top(settings: Settings, args: argparse.Namespace) -> int:

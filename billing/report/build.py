@@ -12,6 +12,7 @@ from billing.money import format_cents, format_nanos, parse_nanos
 from billing.report.alerts import alerts_sent
 from billing.report.idle import idle_figures, idle_rows
 from billing.report.intervals import gpu_hours
+from billing.report.node_health import node_health
 from billing.report.payback import NodePayback, attribute_to_nodes, payback_figures
 from billing.report.queue_wait import queue_waits, waiting_now_lines
 from billing.report.revenue import ledger_window, lifetime_revenue_by_run, storage_window, window_adjustments
@@ -121,5 +122,6 @@ def build_report(
         "queue_wait": queue_waits(allocations, node_types, since, end),
         "waiting_now": waiting_now_lines(pending, now),
         "payback": payback,
+        "node_health": node_health(session, since, until, end),
         "notes": notes,
     })

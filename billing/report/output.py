@@ -102,6 +102,11 @@ def report_table(report: ReportOut) -> str:
         ("account", "kind", "threshold", "sent", "last_sent_at"),
         [(a["account"], a["kind"], f"{a['threshold']}%", a["sent"], a["last_sent_at"]) for a in data["alerts_sent"]],
     )
+    out += _table(
+        "Node health (GPU check)",
+        ("node", "drains", "hours_drained", "runs_credited", "credited"),
+        [(h["node"], h["drains"], h["hours_drained"], h["runs_credited"], cents_text(h["credited"])) for h in data["node_health"]],
+    )
     out += [f"note: {note}" for note in data["notes"]]
     return "\n".join(out) + "\n"
 
@@ -150,6 +155,8 @@ def report_csv(report: ReportOut) -> str:
     for line in data["alerts_sent"]:
         key = f"{line['account']}:{line['kind']}:{line['threshold']}"
         rows += [("alerts_sent", key, "sent", line["sent"]), ("alerts_sent", key, "last_sent_at", line["last_sent_at"])]
+    for line in data["node_health"]:
+        rows += [("node_health", line["node"], name, line[name]) for name in ("drains", "hours_drained", "runs_credited", "credited")]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\r\n")
     writer.writerow(("section", "key", "metric", "value"))

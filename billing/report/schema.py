@@ -183,6 +183,14 @@ class ReportAlertsSent(_Model):
     last_sent_at: Instant
 
 
+class ReportNodeHealth(_Model):
+    node: str
+    drains: int = Field(description="GPU-check drains (reason \"gpu: ...\") that began in the window, as billing passes saw them")
+    hours_drained: str = Field(description="Hours of the window the node spent drained by the GPU check, 2 decimals")
+    runs_credited: int = Field(description="Runs a failed GPU on the node ended, credited automatically in the window")
+    credited: Amount = Field(description="What those credits gave back, each rounded to the cent as its invoice line")
+
+
 class _IdleLine(_Model):
     gpu_seconds: int
     gpu_hours: str = Field(description="gpu_seconds / 3600, 2 decimals")
@@ -235,4 +243,5 @@ class ReportOut(_Model):
     waiting_now: list[ReportWaiting]
     payback: ReportPayback
     alerts_sent: list[ReportAlertsSent] = Field(description="Spend alerts sent in the window (webhook and email each)")
+    node_health: list[ReportNodeHealth] = Field(description="Per node with one in the window: GPU-check drains and GPU-failure credits")
     notes: list[str]

@@ -118,12 +118,23 @@ TABLE_ACCESS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     "idle_gpu_hours": {API: READ_WRITE, BILLING: NONE},
     # Hardware costs for the operator report; set with `gpupool node cost set`.
     "node_costs": {API: READ, BILLING: NONE},
+    # GPU-check drains: each billing pass records a new one (and emails the operator through
+    # email_outbox) and notes when the node came back; the operator report reads them.
+    "node_health_events": {API: READ, BILLING: READ_WRITE},
     # Interactive sessions: the API records them at submit, their port and activity, and the idle stop.
     "job_sessions": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
     # An array job's tasks: made at submit, kept by the refresher; they go with a job Slurm never took.
     "job_tasks": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
     # Single-use links and the cookies they set; expired ones are swept as new ones are made.
     "session_grants": {API: ("SELECT", "INSERT", "UPDATE", "DELETE"), BILLING: NONE},
+}
+
+
+# Columns a service may write in a table it otherwise only reads: (table, columns) -> service -> privileges.
+# A billing pass that credits a run a failed GPU ended says so in the job's end_reason
+# (billing.gpu_failures); updated_at is the ORM's own stamp of any change to a job row.
+COLUMN_ACCESS: Mapping[tuple[str, tuple[str, ...]], Mapping[str, tuple[str, ...]]] = {
+    ("jobs", ("end_reason", "updated_at")): {BILLING: ("UPDATE",)},
 }
 
 
@@ -227,6 +238,14 @@ def grant_statements(connection: Connection, roles: ServiceRoles) -> list[str]:
                 statements.extend(
                     f"GRANT USAGE ON SEQUENCE {quote(sequence)} TO {quote(role)}"
                     for sequence in _sequences_of(connection, table)
+                )
+    for (table, columns), services in sorted(COLUMN_ACCESS.items()):
+        if table not in tables:
+            continue
+        for service, role in roles.by_service().items():
+            for privilege in services.get(service, NONE):
+                statements.append(
+                    f"GRANT {privilege} ({', '.join(quote(column) for column in columns)}) ON {quote(table)} TO {quote(role)}"
                 )
     return statements
 

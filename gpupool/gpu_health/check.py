@@ -124,6 +124,12 @@ class Facts:
 class Finding:
     action: str
     reason: str
+    # The GPU a failing finding is about (its bus id, or the device file gres.conf names), when it names
+    # one and the GPU can no longer run a job (lost, an Xid that drains, uncorrectable ECC, remap failed,
+    # its device file gone): jobs holding it are ended (gpupool.gpu_health.jobs). A hot or throttling
+    # GPU still computes; its jobs finish.
+    failed_gpu: str | None = field(default=None, compare=False)
+    xid: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -307,7 +313,7 @@ def xid_events(lines: Iterable[str]) -> list[XidEvent]:
 
 
 def _device_findings(facts: Facts) -> list[Finding]:
-    findings = [Finding(DRAIN, f"{path} missing (gres.conf names it)") for path in facts.missing_devices]
+    findings = [Finding(DRAIN, f"{path} missing (gres.conf names it)", failed_gpu=path) for path in facts.missing_devices]
     if facts.gres_conf_error is not None:
         findings.append(Finding(WARN, facts.gres_conf_error))
     return findings
@@ -319,7 +325,10 @@ def _nvidia_smi_findings(facts: Facts, readings: Sequence[GpuReading]) -> list[F
         return []  # no driver tools on this node (an emulated one): the device files are all there is to check
     if smi.timed_out:
         return [Finding(DRAIN, "nvidia-smi hung (no answer within its timeout)")]
-    findings = [Finding(DRAIN, f"{label} is lost (fallen off the bus)") for label in lost_gpus(smi.stdout + "\n" + smi.stderr)]
+    findings = [
+        Finding(DRAIN, f"{label} is lost (fallen off the bus)", failed_gpu=label if _BUS_IN_TEXT.fullmatch(label) else None)
+        for label in lost_gpus(smi.stdout + "\n" + smi.stderr)
+    ]
     if findings:
         return findings
     if smi.returncode != 0:
@@ -337,9 +346,11 @@ def _reading_findings(
     label = reading.label
     findings: list[Finding] = []
     if reading.uncorrected_volatile_ecc:
-        findings.append(Finding(DRAIN, f"{reading.uncorrected_volatile_ecc} uncorrectable ECC error(s) on {label}"))
+        findings.append(Finding(
+            DRAIN, f"{reading.uncorrected_volatile_ecc} uncorrectable ECC error(s) on {label}", failed_gpu=reading.bus_id
+        ))
     if reading.remap_failure:
-        findings.append(Finding(DRAIN, f"row remapping failed on {label}"))
+        findings.append(Finding(DRAIN, f"row remapping failed on {label}", failed_gpu=reading.bus_id))
     if reading.remap_pending:
         findings.append(Finding(DRAIN, f"row remapping pending on {label} (reset the GPU)"))
     temperature = reading.temperature_c
@@ -364,7 +375,8 @@ def _xid_findings(events: Sequence[XidEvent]) -> list[Finding]:
             continue
         seen.add((event.xid, event.bus_id))
         rule = XID_RULES.get(event.xid, UNKNOWN_XID)
-        findings.append(Finding(rule.action, f"Xid {event.xid} on {event.bus_id}"))
+        failed = event.bus_id if rule.action == DRAIN else None
+        findings.append(Finding(rule.action, f"Xid {event.xid} on {event.bus_id}", failed_gpu=failed, xid=event.xid))
     return findings
 
 

@@ -5,7 +5,9 @@
 Runs as root (slurmd's user) every HealthCheckInterval. A healthy node: prints
 nothing and exits 0. Warnings: printed, exit 0. A failing verdict: the node is
 drained (``scontrol update nodename=<node> state=drain reason="gpu: ..."``) and
-the check exits 1; running jobs finish, no new ones start. The check never
+the check exits 1; no new jobs start, and running jobs finish, but those holding
+a GPU that failed outright (lost, an Xid that drains, ...), which are ended at
+once, requeued where their QOS is requeued (``gpupool.gpu_health.jobs``). The check never
 resumes a node: ``gpupool node resume <node>`` (or scontrol) does, once the
 operator is satisfied. A node already drained or down keeps the reason it has.
 
@@ -16,6 +18,7 @@ Exit status: 0 healthy (or warnings only, or another run holds the lock);
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import socket
@@ -25,7 +28,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gpupool.errors import CommandFailed, CommandTimedOut
-from gpupool.gpu_health.check import Thresholds, Verdict, judge
+from gpupool.gpu_health.check import Finding, Thresholds, Verdict, judge, parse_query_csv
+from gpupool.gpu_health.jobs import gpu_indices, held_gpus, hits
 from gpupool.gpu_health.probe import gather
 from gpupool.gpu_health.state import CheckState, exclusive_run, load_state, save_state
 from gpupool.proc import run_command
@@ -47,6 +51,12 @@ class CheckConfig:
     nvidia_smi_timeout_s: float = 10.0
     scontrol: str = "/usr/bin/scontrol"
     scontrol_timeout_s: float = 10.0
+    squeue: str = "/usr/bin/squeue"
+    scancel: str = "/usr/bin/scancel"
+    # False: a failed GPU drains the node and its jobs are left to end by themselves.
+    end_jobs: bool = True
+    # Jobs of these QOS (comma-separated) are requeued, not cancelled, when their GPU fails.
+    requeue_qos: str = "spot"
     kernel_log: str = "/dev/kmsg"
     boot_id_file: str = "/proc/sys/kernel/random/boot_id"
     state_dir: str = "/var/lib/gpupool/gpu-check"
@@ -123,6 +133,39 @@ def drain(config: CheckConfig, node: str, reason: str) -> None:
     )
 
 
+def end_failed_gpu_jobs(config: CheckConfig, node: str, findings: tuple[Finding, ...], indices: dict[str, int]) -> None:
+    """Record the failure in each hit job's AdminComment, then requeue or cancel it (gpupool.gpu_health.jobs)."""
+    if not any(finding.failed_gpu for finding in findings):
+        return
+    now = dt.datetime.now(dt.timezone.utc)  # noqa: UP017 (the node's python3 may be 3.10)
+    try:
+        listing = run_command([config.squeue, "--json"], timeout_s=config.scontrol_timeout_s)
+        held = held_gpus(listing.stdout, node)
+    except (CommandFailed, CommandTimedOut) as exc:
+        print(f"gpupool-gpu-check: {node}: cannot list the jobs on the failed GPU ({exc.message})", file=sys.stderr)
+        return
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"gpupool-gpu-check: {node}: cannot read squeue --json ({exc})", file=sys.stderr)
+        return
+    requeue_qos = frozenset(filter(None, (qos.strip().lower() for qos in config.requeue_qos.split(","))))
+    ended, unknown = hits(findings, indices, held, node=node, now=now, requeue_qos=requeue_qos)
+    for gpu in unknown:
+        print(f"gpupool-gpu-check: {node}: no Slurm index known for {gpu}; its jobs are left running", file=sys.stderr)
+    for hit in ended:
+        action = "requeue" if hit.requeue else "cancel"
+        try:
+            run_command(
+                [config.scontrol, "update", f"jobid={hit.job_id}", f"admincomment={hit.failure.comment()}"],
+                timeout_s=config.scontrol_timeout_s,
+            )
+            command = [config.scontrol, "requeue", str(hit.job_id)] if hit.requeue else [config.scancel, str(hit.job_id)]
+            run_command(command, timeout_s=config.scontrol_timeout_s)
+        except (CommandFailed, CommandTimedOut) as exc:
+            print(f"gpupool-gpu-check: {node}: could not {action} job {hit.job_id} ({exc.message})", file=sys.stderr)
+            continue
+        print(f"gpupool-gpu-check: {node}: job {hit.job_id}: {action}ed: {hit.failure.reason}", file=sys.stderr)
+
+
 def _report(verdict: Verdict, node: str) -> None:
     for finding in verdict.findings:
         print(f"gpupool-gpu-check: {node}: {finding.action}: {finding.reason}", file=sys.stderr)
@@ -142,6 +185,8 @@ def run_check(config: CheckConfig, *, dry_run: bool) -> int:
             nvidia_smi_timeout_s=config.nvidia_smi_timeout_s, kernel_log=config.kernel_log, after_sequence=after,
         )
         verdict = judge(facts, config.thresholds, state.throttle_streaks)
+        readings = parse_query_csv(facts.nvidia_smi.stdout) if not facts.nvidia_smi.timed_out else []
+        indices = {**state.gpu_indices, **gpu_indices(facts.promised_devices, readings)}
         _report(verdict, node)
         status = 0
         reason = verdict.drain_reason
@@ -160,9 +205,12 @@ def run_check(config: CheckConfig, *, dry_run: bool) -> int:
                     # The cursor stays where it was: the next run sees the same Xid lines and tries again.
                     print(f"gpupool-gpu-check: {node}: could not drain ({exc.message})", file=sys.stderr)
                     return EXIT_BROKEN
+                if config.end_jobs:
+                    end_failed_gpu_jobs(config, node, verdict.findings, indices)
         save_state(config.state_dir, CheckState(
             boot_id=boot_id, kernel_sequence=cursor, throttle_streaks=dict(verdict.throttle_streaks),
             last_findings=[{"action": f.action, "reason": f.reason} for f in verdict.findings],
+            gpu_indices={key: value for key, value in indices.items() if not key.startswith("/")},
         ))
         return status
 

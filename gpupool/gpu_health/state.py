@@ -27,6 +27,9 @@ class CheckState:
     kernel_sequence: int = -1
     throttle_streaks: dict[str, int] = field(default_factory=dict)
     last_findings: list[dict[str, str]] = field(default_factory=list)
+    # Each GPU's Slurm index by its bus id, as the last nvidia-smi answer showed: a GPU that
+    # has since fallen off the bus is no longer in the answer (gpupool.gpu_health.jobs).
+    gpu_indices: dict[str, int] = field(default_factory=dict)
 
 
 def load_state(state_dir: str) -> CheckState:
@@ -44,6 +47,7 @@ def load_state(state_dir: str) -> CheckState:
         kernel_sequence=int(raw.get("kernel_sequence", -1)),
         throttle_streaks={str(k): int(v) for k, v in streaks.items()} if isinstance(streaks, dict) else {},
         last_findings=[],
+        gpu_indices={str(k): int(v) for k, v in indices.items()} if isinstance(indices := raw.get("gpu_indices"), dict) else {},
     )
 
 

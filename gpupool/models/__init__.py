@@ -20,7 +20,7 @@ from gpupool.models.billing import (
 from gpupool.models.gpu_usage import GpuSample, IdleGpuHour, IdlePolicy
 from gpupool.models.jobs import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.members import MEMBER_ROLES, AccountMember, MemberIdentity
-from gpupool.models.report import NodeCost
+from gpupool.models.report import NodeCost, NodeHealthEvent
 from gpupool.models.sessions import JobSession, SessionGrant
 from gpupool.models.tokens import IssuedToken
 from gpupool.models.web_sessions import WebSession
@@ -53,6 +53,7 @@ __all__ = [
     "MemberIdentity",
     "MemberSpend",
     "NodeCost",
+    "NodeHealthEvent",
     "Price",
     "StorageCharge",
     "StoragePrice",

@@ -56,7 +56,8 @@ class EmailOutbox(Base):
     __table_args__ = (Index("ix_email_outbox_due", "state", "next_attempt_at"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    account: Mapped[str] = mapped_column(ForeignKey("accounts.name"))
+    # None: an email to the operator (a node's GPU drain, billing.node_health), about no account.
+    account: Mapped[str | None] = mapped_column(ForeignKey("accounts.name"))
     recipient: Mapped[str] = mapped_column(String(254))
     subject: Mapped[str] = mapped_column(String(255))
     body: Mapped[str] = mapped_column(Text)

@@ -45,11 +45,13 @@ from gpupool.slurm.report import (
     Allocation,
     NodeEvent,
     NodeGpuCapacity,
+    NodeReason,
     NodeStatus,
     PendingJob,
     parse_allocations,
     parse_node_events,
     parse_node_gpus,
+    parse_node_reasons,
     parse_node_status,
     parse_pending,
 )
@@ -597,6 +599,10 @@ class SlurmClient:
         )
         return self._parsed("sacctmgr", parse_node_events, result.stdout)
 
+    def node_reasons(self) -> list[NodeReason]:
+        """Every node's state and reason now (``sinfo --json``): a drained node's reason, and since when."""
+        return self._parsed("sinfo", parse_node_reasons, self._command("sinfo", ["--json"]).stdout)
+
     def node_status(self, node: str) -> NodeStatus:
         """One node's state and reason; NotFound when Slurm has no node of that name."""
         result = self._command("scontrol", ["--oneliner", "show", "node", node], check=False)
@@ -624,6 +630,21 @@ class SlurmClient:
     def billing_accounting(self, start: dt.datetime, end: dt.datetime, fields: Sequence[str], delimiter: str) -> str:
         """Raw ``sacct`` text of every allocation, of every user, in every run, active in [start, end]."""
         return self._sacct_window(start, end, fields, delimiter=delimiter).stdout
+
+    def admin_comments(self, job_ids: Sequence[int], delimiter: str) -> str:
+        """Raw ``sacct`` text, with a header row, of each run of these jobs: ``JobIDRaw``, ``Start`` and ``AdminComment``.
+
+        Only Slurm's operators write an AdminComment; gpupool-gpu-check records a GPU failure
+        there (gpupool.gpu_health.failure), which billing reads (billing.sacct.read_gpu_failures).
+        """
+        args = [
+            "--allusers", "--allocations", "--duplicates", "--parsable2", f"--delimiter={delimiter}",
+            "--jobs=" + ",".join(str(job_id) for job_id in job_ids), "--format=JobIDRaw,Start,AdminComment",
+        ]
+        result = self._command("sacct", args, timeout_s=self.settings.billing_sacct_timeout_s)
+        if "error:" in result.stderr:
+            raise CommandFailed(result.argv, result.returncode, result.stderr)
+        return result.stdout
 
     def _sacct_window(
         self, start: dt.datetime, end: dt.datetime, fields: Sequence[str], *, delimiter: str | None = None

@@ -9,6 +9,7 @@ order change in a Slurm release cannot shift a value into the wrong field.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 
 from gpupool.slurm.parse import (
@@ -255,3 +256,47 @@ def parse_node_status(text: str) -> NodeStatus:
     if found:
         reason = after.rsplit(" [", 1)[0].strip() if after.rstrip().endswith("]") else after.strip()
     return NodeStatus(name=name, state=state, reason=reason or None)
+
+
+@dataclass(frozen=True)
+class NodeReason:
+    """A node's state and Slurm's reason for it, from ``sinfo --json``."""
+
+    name: str
+    state: str  # upper case, flags joined by "+": IDLE+DRAIN, MIXED+DRAIN, DOWN
+    reason: str
+    reason_changed_at: dt.datetime | None
+
+    @property
+    def out_of_service(self) -> bool:
+        return any(flag in self.state for flag in ("DRAIN", "DOWN", "FAIL"))
+
+
+def _epoch(value: object) -> dt.datetime | None:
+    """An epoch number, or Slurm 23.02+'s ``{"set": true, "number": ...}``; None for 0 or unset."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return dt.datetime.fromtimestamp(value, dt.UTC)
+    return None
+
+
+def parse_node_reasons(text: str) -> list[NodeReason]:
+    """``sinfo --json``: each node once (sinfo lists a node per partition), Slurm 22.05's and later shapes."""
+    document = json.loads(text)
+    nodes = document.get("nodes") if isinstance(document, dict) else None
+    if not isinstance(nodes, list):
+        raise ParseError("sinfo --json has no nodes list")
+    found: dict[str, NodeReason] = {}
+    for node in nodes:
+        if not isinstance(node, dict) or not node.get("name"):
+            continue
+        state = node.get("state")
+        words = [str(word) for word in (state if isinstance(state, list) else [state] if state else [])]
+        words += [str(flag) for flag in node.get("state_flags") or [] if str(flag) not in words]
+        name = str(node["name"])
+        found.setdefault(name, NodeReason(
+            name=name, state="+".join(word.upper() for word in words), reason=str(node.get("reason") or ""),
+            reason_changed_at=_epoch(node.get("reason_changed_at")),
+        ))
+    return list(found.values())

@@ -35,7 +35,9 @@ def utc(text: str) -> dt.datetime:
 
 
 def sacct_without_runs(argv: list[str], *, timeout_s: float, env: Mapping[str, str] | None = None, **_: object) -> CommandResult:
-    """sacct's answer for a window with no job in it: its header alone, under the pass's own delimiter."""
+    """sacct's answer for a window with no job in it: its header alone, under the pass's own delimiter (sinfo: no node)."""
+    if argv[0].endswith("sinfo"):
+        return CommandResult(tuple(argv), 0, '{"nodes": []}', "", 0.0)
     delimiter = next(arg.split("=", 1)[1] for arg in argv if arg.startswith("--delimiter="))
     return CommandResult(tuple(argv), 0, delimiter.join(PASS_FIELDS) + "\n", "", 0.0)
 

@@ -1643,6 +1643,9 @@ def test_gpu_nodes_run_the_gpu_health_check_with_the_operators_interval_and_thre
     assert check_config["gres_conf"] == str(tmp_path / "gpu01" / "etc" / "slurm" / "gres.conf")
     assert (check_config["temperature_warn_c"], check_config["temperature_drain_c"]) == (85.0, 90.0)
     assert check_config["drain"] is True
+    # Jobs on a failed GPU: ended, spot ones requeued, with Slurm's own commands beside scontrol.
+    assert (check_config["end_jobs"], check_config["requeue_qos"]) == (True, "spot")
+    assert (check_config["squeue"], check_config["scancel"]) == ("/usr/bin/squeue", "/usr/bin/scancel")
     assert stat.S_IMODE(launcher.stat().st_mode) == 0o755 and launcher.stat().st_uid == 0
     # The copied modules run on their own under the system's python3: gpu01's four RTX 4090s are
     # not on this machine, so the check would drain it for the first missing device file.

@@ -9,12 +9,23 @@ taken away. Either way the node drains with a "gpu: " reason, and
 `gpupool node resume` (whose audit row is checked) brings it back once the fault
 is gone.
 
-Not yet here (issue 35, later slices): the job on the failed GPU ended at once,
-its run credited, job.failed carrying gpu_failure, the operator's webhook.
+The job on the failed GPU is ended by the check (cancelled: it is no spot job),
+with the failure in its AdminComment, which sacct shows; a billing pass then
+credits its run (the invoice's charge and credit net to zero), the job's
+end_reason says gpu_failure, and job.failed is enqueued for its webhook.
+
+The pass also records the drain once for the operator (node_health_events).
+A spot job on the failed GPU is requeued instead, and its failed run credited.
+Not here: the operator's email (tests/billing/test_gpu_failure_credits.py has
+it), a webhook to the operator (not built), and the multinode
+tier's requeue of a spot job onto a healthy node (tests/multinode, not written).
 """
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
+import io
 import json
 import os
 import stat
@@ -23,13 +34,21 @@ from pathlib import Path
 
 import pytest
 from flask.testing import FlaskClient
+from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from bench.support.services import wait_for
+from billing import passes
+from billing.calendar import period_of
+from billing.prices import set_price
+from billing.sacct import read_gpu_failures
 from gpupool import audit, db
 from gpupool.config import Settings
 from gpupool.gpu_health.check import promised_gpu_devices
+from gpupool.models import NodeHealthEvent, WebhookEndpoint, WebhookEvent
+from gpupool.proc import run_command
 from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import unpredictable_delimiter
 from gpupool_cli import main as cli_main
 from tests.conftest import wait_for_state
 
@@ -52,6 +71,7 @@ class LocalNode:
             pytest.skip(f"the check's nvidia-smi is {self.nvidia_smi}, not a test stand-in path (inventories/local)")
         self.devices = [Path(p) for p in promised_gpu_devices(Path(config["gres_conf"]).read_text(), self.name)]
         self.interval_s = 15
+        self.state_file = Path(config["state_dir"]) / "state.json"
         self.hidden: list[Path] = []
 
     def bus_id(self, index: int) -> str:
@@ -75,6 +95,14 @@ class LocalNode:
         temporary.write_text(f"#!/bin/sh\ncat {answer}\nexit {status}\n")
         temporary.chmod(temporary.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         os.replace(temporary, self.nvidia_smi)  # never a half-written script for a run that starts now
+
+    def knows_bus_ids(self) -> bool:
+        """The check has seen the stand-in's table once: it can tell which Slurm GPU index a lost bus id was."""
+        try:
+            known = json.loads(self.state_file.read_text()).get("gpu_indices", {})
+        except (OSError, ValueError):
+            return False
+        return f"0000:{self.bus_id(len(self.devices) - 1).lower()}" in known
 
     def hide_device(self, path: Path) -> None:
         os.replace(path, path.with_name(path.name + ".hidden"))
@@ -120,21 +148,89 @@ def wait_for_gpu_drain(slurm: SlurmClient, node: LocalNode) -> str | None:
     return wait_for(drained, timeout_s=node.interval_s * 2 + 30, interval_s=1, what=f"{node.name} to drain for its GPU")
 
 
-def test_a_gpu_falling_off_the_bus_under_a_job_drains_the_node_and_resume_brings_it_back(
-    node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], settings: Settings,
-    session_factory: sessionmaker, monkeypatch: pytest.MonkeyPatch,
+def sacct_runs(slurm_job_id: int) -> list[dict[str, str]]:
+    """Each run of the job as slurmdbd recorded it (a requeued job has one per start)."""
+    result = run_command(
+        ["sacct", "-X", "--duplicates", "--noheader", "--parsable2", "-j", str(slurm_job_id), "--format=State,AdminComment"],
+        timeout_s=30,
+    )
+    runs = []
+    for line in result.stdout.strip().splitlines():
+        state, _, comment = line.partition("|")
+        runs.append({"state": state, "admin_comment": comment})
+    return runs
+
+
+def sacct_run(slurm_job_id: int) -> dict[str, str]:
+    return sacct_runs(slurm_job_id)[-1]
+
+
+def add_endpoint(session_factory: sessionmaker, account: str) -> None:
+    with session_factory() as session, session.begin():
+        set_price(session, "*", 120_000, dt.datetime(2020, 1, 1, tzinfo=dt.UTC))
+        session.add(WebhookEndpoint(
+            id="ep-gpu-failure", account=account, url="https://hooks.example.com/gpupool", events="job.ended,job.failed",
+            secret="s" * 32,
+        ))
+
+
+def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_brings_the_node_back(
+    node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], account: str, settings: Settings,
+    session_factory: sessionmaker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     node.answer_healthy()
+    since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
+    add_endpoint(session_factory, account)
     created = client.post("/submit", headers=auth, json={
         "template": "hello", "gpus": len(node.devices), "params": {"message": "gpu check", "seconds": 600},
     }).get_json()
-    wait_for_state(client, created["job_id"], auth, {"RUNNING"}, timeout_s=60)
+    job_id = created["job_id"]
     try:
+        wait_for_state(client, job_id, auth, {"RUNNING"}, timeout_s=60)
+        wait_for(node.knows_bus_ids, timeout_s=node.interval_s * 2 + 30, interval_s=1, what="a healthy check to read the GPUs")
+        # While this job holds all the node's GPUs no other job holds the one that fails: the check ends this one alone.
         node.answer_fallen_off_the_bus(1)
 
         reason = wait_for_gpu_drain(slurm, node)
 
-        assert reason == f"gpu: 0000:{node.bus_id(1).lower()} is lost (fallen off the bus)"
+        lost = f"0000:{node.bus_id(1).lower()}"
+        assert reason == f"gpu: {lost} is lost (fallen off the bus)"
+        ended = wait_for_state(client, job_id, auth, {"CANCELLED"}, timeout_s=60)
+        slurm_job_id = ended["slurm_job_id"]
+        # Slurm's own record: cancelled, and the failure the check wrote where only an operator can write.
+        recorded = wait_for(lambda: (run := sacct_run(slurm_job_id))["admin_comment"] and run, timeout_s=60, interval_s=1,
+                            what="slurmdbd to record the job's end")
+        assert recorded["state"].startswith("CANCELLED")
+        assert recorded["admin_comment"].startswith(f"gpu_failure: {lost} is lost (fallen off the bus); node={node.name}; gpu={lost}; at=")
+        delimiter = unpredictable_delimiter()
+        [failure] = read_gpu_failures(slurm.admin_comments([slurm_job_id], delimiter), delimiter).values()
+
+        archive = settings.replace(billing_archive_dir=str(tmp_path / "archive"))
+        first = passes.run_pass(session_factory, slurm, archive, since=since)
+        again = passes.run_pass(session_factory, slurm, archive, since=since)
+
+        # The window may hold an earlier run of this test's job too (another account's): the invoice below is this one's.
+        assert first.credits >= 1 and again.credits == 0
+        body = client.get(f"/jobs/{job_id}", headers=auth).get_json()
+        assert body["end_reason"] == f"gpu_failure: {lost} is lost (fallen off the bus) (node {node.name})"
+        invoice = client.get(f"/invoices/{period_of(failure.at)}", headers=auth)
+        assert invoice.status_code == 200, invoice.data
+        lines = list(csv.DictReader(io.StringIO(invoice.get_data(as_text=True))))
+        charged = [line for line in lines if line["line_type"] == "job" and line["slurm_job_id"] == str(slurm_job_id)]
+        credited = [line for line in lines if line["line_type"] == "adjustment" and f"job {slurm_job_id} " in line["job_name"]]
+        assert charged and len(credited) == 1, lines
+        assert sum(float(line["amount"]) for line in charged + credited) == 0, lines
+        assert "ended by a GPU failure" in credited[0]["job_name"]
+        assert charged[-1]["end_reason"] == body["end_reason"]  # the run's last line says why it ended
+        with session_factory() as session:
+            events = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed")).all()
+        assert [event.payload["data"]["gpu_failure"]["gpu"] for event in events] == [lost]
+        assert events[0].payload["data"]["job"]["end_reason"].startswith("gpu_failure: ")
+        # The drain, as the pass saw it in sinfo: recorded once, for the operator.
+        with session_factory() as session:
+            drains = session.execute(select(NodeHealthEvent.node, NodeHealthEvent.reason, NodeHealthEvent.resumed_at)).all()
+        assert [tuple(drain) for drain in drains] == [(node.name, reason, None)]
+
         node.answer_healthy()
         assert resume_with_the_cli(settings, session_factory, node.name, monkeypatch) == 0
         assert not slurm.node_status(node.name).out_of_service
@@ -142,7 +238,44 @@ def test_a_gpu_falling_off_the_bus_under_a_job_drains_the_node_and_resume_brings
             row = audit.events(session, limit=1)[0]
         assert (row.action, row.target, (row.details or {}).get("reason_before")) == ("node.resume", node.name, reason)
     finally:
-        client.delete(f"/jobs/{created['job_id']}", headers=auth)
+        client.delete(f"/jobs/{job_id}", headers=auth)
+
+
+def test_a_spot_job_on_a_gpu_that_fails_is_requeued_and_its_failed_run_credited(
+    node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], account: str, settings: Settings,
+    session_factory: sessionmaker, tmp_path: Path,
+) -> None:
+    node.answer_healthy()
+    since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
+    add_endpoint(session_factory, account)
+    created = client.post("/submit", headers=auth, json={
+        "template": "hello", "gpus": len(node.devices), "preemptible": True, "params": {"message": "spot", "seconds": 600},
+    }).get_json()
+    job_id = created["job_id"]
+    try:
+        wait_for_state(client, job_id, auth, {"RUNNING"}, timeout_s=60)
+        slurm_job_id = client.get(f"/jobs/{job_id}", headers=auth).get_json()["slurm_job_id"]
+        wait_for(node.knows_bus_ids, timeout_s=node.interval_s * 2 + 30, interval_s=1, what="a healthy check to read the GPUs")
+        node.answer_fallen_off_the_bus(0)
+
+        wait_for_gpu_drain(slurm, node)
+
+        # Requeued, not cancelled: the failed run is REQUEUED in slurmdbd, with the failure beside it, and the job waits.
+        runs = wait_for(lambda: (found := sacct_runs(slurm_job_id))[0]["state"] == "REQUEUED" and found, timeout_s=60,
+                        interval_s=1, what="the job's run to be requeued")
+        assert runs[0]["admin_comment"].startswith(f"gpu_failure: 0000:{node.bus_id(0).lower()} is lost")
+        first = passes.run_pass(session_factory, slurm, settings.replace(billing_archive_dir=str(tmp_path / "archive")), since=since)
+
+        assert first.credits >= 1
+        body = client.get(f"/jobs/{job_id}", headers=auth).get_json()
+        # The job goes on (requeued: COMPLETING, then PREEMPTED until it runs again), and has no end to explain.
+        assert body["end_reason"] is None and body["state"] not in ("CANCELLED", "COMPLETED", "FAILED"), body
+        with session_factory() as session:
+            [event] = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed"))
+        assert event.payload["data"]["gpu_failure"]["requeued"] is True
+        assert float(event.payload["data"]["credited"]) > 0
+    finally:
+        client.delete(f"/jobs/{job_id}", headers=auth)
 
 
 def test_a_missing_device_file_drains_the_node_where_there_is_no_nvidia_smi(node: LocalNode, slurm: SlurmClient) -> None:

@@ -9,6 +9,7 @@ and scontrol scripts, so the drain is the scontrol command line Slurm would get.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import stat
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.gpu_health import check, probe
+from gpupool.gpu_health import check, jobs, probe
 from gpupool.gpu_health.check import WARN, Facts, NvidiaSmiResult, Thresholds, judge
+from gpupool.gpu_health.failure import GpuFailure, parse_comment
 from gpupool.gpu_health.main import ConfigUnreadable, load_config, main
 from gpupool.gpu_health.state import exclusive_run
 
@@ -321,15 +323,35 @@ class Node:
         self.smi_output = root / "smi-output"
         self.smi_output.write_text((WRITTEN / "rtx3090-x2" / "query.csv").read_text())
         stand_in(root / "nvidia-smi", f"cat {self.smi_output}\n")
+        # squeue --json as slurmctld answers it: the jobs running on the node, and the GPU indices they hold.
+        self.queue = root / "squeue.json"
+        self.queue.write_text('{"jobs": []}')
+        stand_in(root / "squeue", f"cat {self.queue}\n")
+        stand_in(root / "scancel", f'echo "scancel $@" >> {self.scontrol_calls}\n')
         self.config = root / "gpu-check.json"
         self.config.write_text(json.dumps({
             "node_name": "gpu1", "gres_conf": str(root / "gres.conf"), "nvidia_smi": str(root / "nvidia-smi"),
             "scontrol": str(root / "scontrol"), "kernel_log": str(self.kernel_log),
+            "squeue": str(root / "squeue"), "scancel": str(root / "scancel"),
             "boot_id_file": str(root / "boot_id"), "state_dir": str(root / "state"), "nvidia_smi_timeout_s": 10,
         }))
 
     def run(self) -> int:
         return main(["--config", str(self.config)])
+
+    def running(self, *jobs: tuple[int, str, str]) -> None:
+        """Jobs (id, QOS, GRES detail on gpu1) squeue lists as running on the node, beside one on another node."""
+        listed = [{"job_id": job_id, "job_state": "RUNNING", "nodes": "gpu1", "qos": qos, "gres_detail": [detail]}
+                  for job_id, qos, detail in jobs]
+        listed.append({"job_id": 99, "job_state": "RUNNING", "nodes": "gpu2", "qos": "normal",
+                       "gres_detail": ["gpu:rtx3090:2(IDX:0-1)"]})
+        self.queue.write_text(json.dumps({"jobs": listed}))
+
+    def commands(self) -> list[str]:
+        """What the check asked of Slurm, past the node lookup."""
+        if not self.scontrol_calls.exists():
+            return []
+        return [line for line in self.scontrol_calls.read_text().splitlines() if not line.startswith("--oneliner")]
 
     def scontrol_updates(self) -> list[str]:
         if not self.scontrol_calls.exists():
@@ -493,3 +515,84 @@ def test_the_node_name_slurmd_passes_its_health_check_wins(tmp_path: Path, monke
     node.run()
 
     assert node.scontrol_updates()[0].startswith("update nodename=gpu7 state=drain")
+
+
+# -- jobs on a failed GPU ------------------------------------------------------------
+
+
+def test_an_xid_79_ends_the_jobs_on_that_gpu_and_leaves_the_healthy_gpus_jobs_running(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.run()  # healthy: the check learns which bus id is which Slurm index
+    node.smi_output.write_text("Unable to determine the device handle for GPU0000:4A:00.0: GPU is lost.\n")
+    node.running((11, "normal", "gpu:rtx3090:1(IDX:0)"), (12, "normal", "gpu:rtx3090:1(IDX:1)"),
+                 (13, "spot", "gpu:rtx3090:2(IDX:0-1)"))
+
+    assert node.run() == 1
+
+    [drain, comment_12, cancel_12, comment_13, requeue_13] = node.commands()
+    assert drain == "update nodename=gpu1 state=drain reason=gpu: 0000:4a:00.0 is lost (fallen off the bus)"
+    assert comment_12.startswith("update jobid=12 admincomment=gpu_failure: 0000:4a:00.0 is lost (fallen off the bus); "
+                                 "node=gpu1; gpu=0000:4a:00.0; at=")
+    assert cancel_12 == "scancel 12"
+    assert comment_13.startswith("update jobid=13 admincomment=gpu_failure: ")
+    assert requeue_13 == "requeue 13"  # spot: Slurm requeues it onto a healthy node
+
+
+def test_a_missing_device_file_ends_the_jobs_holding_that_gpu_by_its_gres_index(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    (tmp_path / "nvidia-smi").unlink()
+    node.devices[0].unlink()
+    node.running((21, "normal", "gpu:rtx3090:1(IDX:0)"), (22, "normal", "gpu:rtx3090:1(IDX:1)"))
+
+    assert node.run() == 1
+
+    [_drain, comment, cancel] = node.commands()
+    assert comment.startswith(f"update jobid=21 admincomment=gpu_failure: {node.devices[0]} missing (gres.conf names it); ")
+    assert cancel == "scancel 21"
+
+
+def test_a_hot_gpu_drains_the_node_but_its_jobs_finish(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.smi_output.write_text(
+        "index, pci.bus_id, name, temperature.gpu\n0, 00000000:21:00.0, NVIDIA GeForce RTX 3090, 99\n"
+        "1, 00000000:4A:00.0, NVIDIA GeForce RTX 3090, 50\n"
+    )
+    node.running((31, "normal", "gpu:rtx3090:1(IDX:0)"))
+
+    assert node.run() == 1
+
+    assert node.commands() == ["update nodename=gpu1 state=drain reason=gpu: 0000:21:00.0 at 99 C (drain at 95)"]
+
+
+def test_a_lost_gpu_whose_index_was_never_seen_ends_no_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node = Node(tmp_path)
+    node.smi_output.write_text("Unable to determine the device handle for GPU0000:4A:00.0: GPU is lost.\n")
+    node.running((41, "normal", "gpu:rtx3090:2(IDX:0-1)"))
+
+    assert node.run() == 1
+
+    assert [line for line in node.commands() if "jobid" in line or line.startswith("scancel")] == []
+    assert "no Slurm index known for 0000:4a:00.0" in capsys.readouterr().err
+
+
+def test_held_gpus_reads_each_nodes_indices_of_a_multinode_job() -> None:
+    listing = json.dumps({"jobs": [
+        {"job_id": 7, "job_state": "RUNNING", "nodes": "gpu[1-2]", "qos": "normal",
+         "gres_detail": ["gpu:rtx4090:2(IDX:0-1)", "gpu:rtx4090:1(IDX:3)"]},
+        {"job_id": 8, "job_state": "PENDING", "nodes": "", "qos": "normal", "gres_detail": []},
+        {"job_id": 9, "job_state": "RUNNING", "nodes": "gpu2", "qos": "normal", "gres_detail": ["gpu:a:1(IDX:0),gpu:b:1(IDX:2)"]},
+    ]})
+
+    assert jobs.held_gpus(listing, "gpu2") == [
+        jobs.HeldGpus(7, "normal", frozenset({3})), jobs.HeldGpus(9, "normal", frozenset({0, 2})),
+    ]
+
+
+def test_the_failure_comment_reads_back_as_written() -> None:
+    at = dt.datetime(2026, 12, 4, 23, 30, 5, tzinfo=dt.UTC)
+    written = GpuFailure(reason="Xid 79 on 0000:41:00.0", node="gpu1", gpu="0000:41:00.0", at=at, xid=79)
+
+    assert parse_comment(written.comment()) == written
+    assert written.end_reason() == "gpu_failure: Xid 79 on 0000:41:00.0 (node gpu1)"
+    assert parse_comment("reboot after the driver update") is None
+    assert parse_comment("gpu_failure: something; node=gpu1") is None

@@ -3,7 +3,8 @@ database, no cluster): its JSON, table and CSV against goldens written before bi
 carved into a package, and its JSON against the pydantic models the OpenAPI schema is generated from.
 
 The goldens' money billed (revenue, adjustments, net) changed once since, on purpose: it is the
-invoices' own figure, each line rounded to the cent (issue 35). Goldens live in tests/unit/golden_report/; ``GPUPOOL_UPDATE_GOLDEN=1`` rewrites them.
+invoices' own figure, each line rounded to the cent (issue 35); and the node health section was
+added to them (issue 35). Goldens live in tests/unit/golden_report/; ``GPUPOOL_UPDATE_GOLDEN=1`` rewrites them.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ IDLE = [
     ("acme", "jupyter", 599.6),
     ("beta", "hello", 3600.0),
 ]
+# GPU-check drains (node_health_events) and GPU-failure credits (their reasons name the node): node a
+# drained 09:00 to 11:30, inside the month and half inside the range case's window.
+DRAINS = [SimpleNamespace(node="a", drained_at=utc("2026-11-02T09:00:00"), resumed_at=utc("2026-11-02T11:30:00"))]
+GPU_CREDITS = [
+    ("automatic credit: job 10 ended by a GPU failure (gpu_failure: Xid 79 on 0000:41:00.0 (node a))", -432_000_000),
+    ("automatic credit: job 11 ended by a GPU failure (gpu_failure: 0000:42:00.0 is lost (fallen off the bus) (node a))", -6_000_000),
+]
 NODE_COSTS = [
     SimpleNamespace(node="a", purchase_price_nanos=40_000 * 10**9, in_service_since=utc("2026-10-01T00:00:00"), watts=2330),
     SimpleNamespace(node="b", purchase_price_nanos=100 * 10**9, in_service_since=utc("2026-11-02T09:00:00"), watts=900),
@@ -86,8 +94,8 @@ class FakeSession:
     def __init__(self, costs: Iterable[SimpleNamespace]) -> None:
         self.costs = list(costs)
 
-    def scalars(self, _query: Any) -> list[SimpleNamespace]:
-        return self.costs
+    def scalars(self, query: Any) -> list[SimpleNamespace]:
+        return list(DRAINS) if "node_health_events" in str(query) else self.costs
 
     def connection(self) -> SimpleNamespace:
         return SimpleNamespace(execute=lambda _query, execution_options=None: list(LEDGER))
@@ -96,6 +104,8 @@ class FakeSession:
         text = str(query)
         if "idle_gpu_hours" in text:
             return list(IDLE)
+        if "adjustments.kind =" in text:
+            return list(GPU_CREDITS)
         if "storage_charges" in text:
             since, end = sorted(value for value in query.compile().params.values() if isinstance(value, dt.datetime))
             return [row for row, start in zip(STORAGE, STORAGE_STARTS, strict=True) if since <= start < end]

@@ -41,6 +41,7 @@ from gpupool.slurm.detail import (
     parse_running_jobs,
 )
 from gpupool.slurm.parse import ParseError
+from gpupool.slurm.report import parse_node_reasons
 from gpupool_cli.main import build_parser
 from gpupool_cli.top import render_top
 from tests import golden
@@ -280,3 +281,47 @@ def test_a_record_cut_short_by_a_forged_line_is_skipped_alone() -> None:
     assert records.doubted == {5} and [text.split(":")[0] for text in records.unreadable] == ["'JobId=7 JobName=x'"]
     with pytest.raises(ParseError, match="no scontrol job line could be read"):
         parse_job_records("JobId=3 JobName=x\nJobId=4 JobName=y\n")
+
+
+# --- nodes out of service ----------------------------------------------------------------------
+
+# sinfo --json's nodes as Slurm 22.05 prints them (state and state_flags apart; a node once per partition),
+# and as 23.02 and later do (state a list, reason_changed_at a {set, number} object).
+SINFO_2205 = (
+    '{"meta": {}, "nodes": ['
+    '{"name": "gpu1", "state": "mixed", "state_flags": ["DRAIN"], "reason": "gpu: Xid 79 on 0000:41:00.0",'
+    ' "reason_changed_at": 1796425200, "reason_set_by_user": "root"},'
+    '{"name": "gpu1", "state": "mixed", "state_flags": ["DRAIN"], "reason": "gpu: Xid 79 on 0000:41:00.0",'
+    ' "reason_changed_at": 1796425200},'
+    '{"name": "gpu2", "state": "idle", "state_flags": [], "reason": "", "reason_changed_at": 0}]}'
+)
+SINFO_2302 = (
+    '{"nodes": [{"name": "gpu3", "state": ["DOWN", "NOT_RESPONDING"], "reason": "Not responding",'
+    ' "reason_changed_at": {"set": true, "infinite": false, "number": 1796428800}}]}'
+)
+
+
+def test_sinfo_json_of_either_shape_gives_each_node_once_with_its_reason() -> None:
+    nodes = parse_node_reasons(SINFO_2205) + parse_node_reasons(SINFO_2302)
+
+    assert [(n.name, n.state, n.out_of_service, n.reason) for n in nodes] == [
+        ("gpu1", "MIXED+DRAIN", True, "gpu: Xid 79 on 0000:41:00.0"),
+        ("gpu2", "IDLE", False, ""),
+        ("gpu3", "DOWN+NOT_RESPONDING", True, "Not responding"),
+    ]
+    assert nodes[0].reason_changed_at == dt.datetime(2026, 12, 4, 23, 0, tzinfo=dt.UTC)
+    assert nodes[1].reason_changed_at is None
+    with pytest.raises(ParseError):
+        parse_node_reasons('{"jobs": []}')
+
+
+def test_a_drained_node_is_shown_below_the_table_with_its_reason() -> None:
+    nodes = parse_node_reasons(SINFO_2205) + parse_node_reasons(SINFO_2302)
+
+    view = render_top([], {}, now=NOW, nodes=nodes)
+
+    assert view.endswith(
+        "\nOut of service:\n"
+        "  gpu1: mixed+drain since 2026-12-04 23:00 UTC: gpu: Xid 79 on 0000:41:00.0\n"
+        "  gpu3: down+not_responding since 2026-12-05 00:00 UTC: Not responding\n"
+    )
