@@ -1,4 +1,4 @@
-"""Account storage for tests: a storage root tenants can reach, real volumes, and the helper and gunicorn that serve it."""
+"""Account storage for tests and benches: a storage root tenants can reach, real volumes, and the helper that serves it."""
 
 from __future__ import annotations
 
