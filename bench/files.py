@@ -361,7 +361,7 @@ def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Side], list[Side]]:
             user=f"{tenant.pw_name} {grp.getgrgid(tenant.pw_gid).gr_name}",
         ))
         nginx = stack.enter_context(process([NGINX, "-p", str(state), "-c", str(state / "nginx.conf")]))
-        wait_until(lambda: answers(site_port) and answers(static_port), "nginx")
+        wait_until(lambda: nginx.poll() is None and answers(site_port) and answers(static_port), "nginx")
         nginx_workers = children(nginx.pid)
 
         if http("PUT", f"{url}/files/{FOLDER}/", token=token).status not in (200, 201):
