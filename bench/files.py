@@ -108,7 +108,7 @@ def nginx_conf(state: Path, *, api_bind: str, site_port: int, static_port: int, 
 user {user};
 worker_processes auto;
 pid {state}/nginx.pid;
-error_log {state}/error.log warn;
+error_log stderr warn;
 events {{
     worker_connections 768;
 }}
