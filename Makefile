@@ -131,6 +131,7 @@ bench: venv-test services cluster
 	$(VENV)/bin/python -m bench.billing
 	$(VENV)/bin/python -m bench.invoice
 	$(VENV)/bin/python -m bench.budget
+	$(VENV)/bin/python -m bench.files
 
 clean:
 	rm -rf var build *.egg-info

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -81,11 +81,12 @@ def filled_database(script: str, values: dict[str, int]) -> Iterator[tuple[str, 
 
 
 @contextmanager
-def bench_env(tmp: Path, *, slurm_gpu_limit: int = 4) -> Iterator[dict[str, Any]]:
+def bench_env(tmp: Path, *, slurm_gpu_limit: int = 4, runas_env: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """A database, a Slurm account, a token; torn down afterwards.
 
     ``slurm_gpu_limit=0`` keeps every job pending (AssocGrpGRES), for benches
     that time submission alone without job launches competing for the CPUs.
+    ``runas_env``: settings of the run-as helper (GPUPOOL_STORAGE_ROOT for bench/files).
     """
     name = f"gpupool_bench_{secrets.token_hex(4)}"
     url = create_database(name)
@@ -94,7 +95,7 @@ def bench_env(tmp: Path, *, slurm_gpu_limit: int = 4) -> Iterator[dict[str, Any]
     try:
         with (
             job_root_for_tests() as job_root,
-            runas_helper(job_root, tmp) as runas_socket,
+            runas_helper(job_root, tmp, runas_env) as runas_socket,
             throwaway_slurm_account(SlurmClient(settings), "b", slurm_gpu_limit) as account,
         ):
             engine = db.make_engine(url)

@@ -9,5 +9,6 @@ benches so that a bench never imports from tests/ (the tests import bench code a
   ``slurm_cmd``, ``wait_for``;
 - ``bench.support.tenancy``: the service user, a job root tenants can reach, the run-as helper;
 - ``bench.support.http``: a stdlib HTTP client, a free port, Slurm wrappers that count calls;
+- ``bench.support.storage``: a storage root tenants can reach, accounts' real volumes, a helper that serves them;
 - ``bench.support.metering``: ``parse_runs`` and ``meter``, the pass's lazy reader and meter collected into lists.
 """

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from gpupool_client import AsyncClient, Client, NotFound
 
+from bench.support.storage import account_volumes, storage_helper, storage_root_for_tests
 from gpupool.config import Settings
 from tests.client.conftest import issue, live_url
 from tests.conftest import base_settings, wait_for
 from tests.live.conftest import Server, launch_gunicorn, live_env, stop_gunicorn
-from tests.support.storage import account_volumes, storage_helper, storage_root_for_tests
 
 pytestmark = [pytest.mark.cluster]
 

@@ -29,6 +29,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 
 from bench.support.services import TENANT_PREFIX
+from bench.support.storage import storage_helper
 from gpupool.config import Settings
 from gpupool.proc import run_command
 from tests.conftest import REPO, recorded_token, wait_for
@@ -36,7 +37,6 @@ from tests.live import test_browser, test_sessions, test_storage
 from tests.live.conftest import Server, http
 from tests.live.test_browser import sign_in
 from tests.live.test_sessions import Proxy
-from tests.support.storage import storage_helper
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # Fixtures of the modules next door: headless Chromium, and the API with nginx in front.

@@ -27,13 +27,13 @@ import pytest
 
 from bench.support.http import http
 from bench.support.services import TENANT_PREFIX, throwaway_member_user
+from bench.support.storage import account_volumes, storage_helper, storage_root_for_tests
 from bench.support.tenancy import SERVICE_USER
 from gpupool.config import Settings
 from gpupool.slurm.client import SlurmClient
 from gpupool.storage.volumes import volume_usage
 from tests.conftest import base_settings, recorded_token, wait_for
 from tests.live.conftest import Server, launch_gunicorn, live_env, stop_gunicorn
-from tests.support.storage import account_volumes, storage_helper, storage_root_for_tests
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from bench.support.services import TENANT_PREFIX
+from bench.support.storage import storage_root_for_tests
 from bench.support.tenancy import SERVICE_USER
 from gpupool.config import load_settings
 from gpupool.storage.volumes import SHARED_DEFAULT_ACL, remove_volume, volume_usage
 from tests.conftest import JWT_SECRET, REPO, slurm_cmd
-from tests.support.storage import storage_root_for_tests
 
 pytestmark = [pytest.mark.cluster]
 

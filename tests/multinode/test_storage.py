@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from flask.testing import FlaskClient
 
+from bench.support.storage import account_volumes, storage_root_for_tests
 from bench.support.tenancy import runas_helper
 from gpupool.config import Settings
 from tests.conftest import wait_for_state
 from tests.multinode.conftest import GPU2_NODE, GPU4_NODE, MULTINODE_SLURM_CONF, sacct_runs
-from tests.support.storage import account_volumes, storage_root_for_tests
 
 pytestmark = [pytest.mark.multinode, pytest.mark.slow]
 
