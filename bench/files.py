@@ -43,10 +43,8 @@ import hashlib
 import os
 import pwd
 import shutil
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -61,6 +59,7 @@ import jinja2
 from bench._harness import REPO, bench_env, gunicorn, table
 from bench._profile import parent_of, pids_with_argument
 from bench.support.http import free_port, http
+from bench.support.processes import answers, children, cpu_s, process, wait_until
 from bench.support.storage import account_volumes, storage_root_for_tests
 from bench.support.tenancy import TENANT_PREFIX
 from gpupool.config import load_settings
@@ -146,15 +145,6 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user and system, all threads) a process has used; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @contextmanager
 def rss_peak(pids: list[int]) -> Iterator[list[int]]:
     """The gunicorn workers' summed RSS growth over the block: [growth in bytes] once it ends."""
@@ -218,8 +208,8 @@ def _request_head(method: str, target: str, port: int, token: str | None, length
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def _read_head(sock: socket.socket, buffer: bytearray) -> tuple[bytes, int]:
-    """The answer's status line and headers, and how many body bytes came with them."""
+def _read_head(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytes]:
+    """The answer's status line and headers, and the body bytes that came with them."""
     head = b""
     while b"\r\n\r\n" not in head:
         count = sock.recv_into(buffer)
@@ -227,7 +217,7 @@ def _read_head(sock: socket.socket, buffer: bytearray) -> tuple[bytes, int]:
             break
         head += bytes(buffer[:count])
     head, _, rest = head.partition(b"\r\n\r\n")
-    return head, len(rest)
+    return head, rest
 
 
 def download(port: int, target: str, token: str | None, size: int, digest: str | None = None) -> None:
@@ -238,13 +228,7 @@ def download(port: int, target: str, token: str | None, size: int, digest: str |
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         sock.sendall(_request_head("GET", target, port, token, None))
-        head = b""
-        while b"\r\n\r\n" not in head:
-            count = sock.recv_into(buffer)
-            if not count:
-                break
-            head += bytes(buffer[:count])
-        head, _, first = head.partition(b"\r\n\r\n")
+        head, first = _read_head(sock, buffer)
         if not head.startswith(b"HTTP/1.1 200 "):
             sys.exit(f"bench/files: GET {target} on port {port} answered {head[:300]!r}")
         received = len(first)
@@ -294,41 +278,6 @@ def make_source(path: Path, size: int) -> str:
             left -= len(chunk)
     path.chmod(0o644)
     return hasher.hexdigest()
-
-
-@contextmanager
-def process(argv: list[str], **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
-    child = subprocess.Popen(argv, start_new_session=True, **kwargs)  # type: ignore[call-overload]
-    try:
-        yield child
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            sys.exit(f"bench/files: {what} did not come up within {timeout_s:.0f} s")
-        time.sleep(0.1)
-
-
-def answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def children(pid: int) -> list[int]:
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Side], list[Side]]:

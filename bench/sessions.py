@@ -33,7 +33,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -41,11 +40,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bench.support.http import free_port
+from bench.support.processes import answers, children, cpu_s, process, wait_until
 from gpupool import db
 from gpupool.config import load_settings
 from gpupool.models import Account, Job, JobSession
@@ -96,56 +97,9 @@ ThreadingHTTPServer(("127.0.0.1", int(os.environ["GPUPOOL_APP_PORT"])), Handler)
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            sys.exit(f"bench/sessions: {what} did not come up within {timeout_s:.0f} s")
-        time.sleep(0.1)
-
-
-def answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 def as_user() -> list[str]:
     user = pwd.getpwnam(USER)
     return ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
-
-
-@contextmanager
-def process(argv: list[str], **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
-    child = subprocess.Popen(argv, start_new_session=True, **kwargs)  # type: ignore[call-overload]
-    try:
-        yield child
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user and system, all threads) a process has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 class Target:
