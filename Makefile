@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 
 include deploy/cluster.mk
 
-.PHONY: venv venv-test preflight services run test check test-calendar test-freshhost test-multinode test-realhosts test-unit test-app docs lint bench clean
+.PHONY: venv venv-test preflight services run test check test-calendar test-freshhost test-multinode test-realhosts test-gpu test-unit test-app docs lint bench clean
 
 # What running gpupool needs (gpupool, ansible-core); venv-test adds the test
 # tools (dev extras, the client, chromium and its driver).
@@ -94,6 +94,21 @@ test-realhosts: venv-test
 	$(SUDO) deploy/realhosts/hosts.sh clean
 	status=0; $(SUDO) $(VENV)/bin/pytest -m realhosts tests/realhosts -s $(PYTEST_ARGS) || status=$$?; \
 		$(SUDO) deploy/realhosts/hosts.sh clean; exit $$status
+
+# Real NVIDIA GPUs (tests/gpu; docs/testing.md, "Real GPUs"), run by hand as root on
+# a machine with a GPU and its driver: the local cluster reprovisioned from
+# inventories/local-gpu (the real GPUs discovered into gres.conf, ConstrainDevices=yes),
+# then discovery, the health check and two jobs against the real devices. It leaves
+# the cluster on the real GPUs; `make cluster` (which `make test` runs first) puts
+# the emulated node back. Without a GPU it says so in one line and succeeds.
+GPU_PRESENT := nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]'
+test-gpu:
+	@if ! { $(GPU_PRESENT); }; then \
+		echo "test-gpu: skipped: no NVIDIA GPU/driver found (nvidia-smi -L lists no GPU)"; exit 0; fi; \
+	set -e; $(MAKE) --no-print-directory venv-test; \
+	$(SUDO) env ANSIBLE_CONFIG=$(CLUSTER_ANSIBLE_DIR)/ansible.cfg \
+		$(VENV)/bin/ansible-playbook -i $(CLUSTER_ANSIBLE_DIR)/inventories/local-gpu $(CLUSTER_ANSIBLE_DIR)/site.yml; \
+	$(SUDO) $(VENV)/bin/pytest -m gpu tests/gpu -s -p no:cacheprovider $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into site/; a warning is an error.
 docs: venv-test

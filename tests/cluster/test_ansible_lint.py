@@ -18,7 +18,7 @@ pytestmark = pytest.mark.ansible
 
 @pytest.mark.parametrize(
     ("inventory", "playbook"),
-    [("local", "site.yml"), ("example", "site.yml"), ("example", "tests/render.yml")],
+    [("local", "site.yml"), ("local-gpu", "site.yml"), ("example", "site.yml"), ("example", "tests/render.yml")],
 )
 def test_playbook_passes_syntax_check(repo_root: Path, inventory: str, playbook: str) -> None:
     ansible_dir = repo_root / "deploy" / "ansible"
