@@ -61,11 +61,16 @@ zone.dispatchEvent(new DragEvent('drop', {dataTransfer: transfer, bubbles: true,
 
 
 def listed(driver: WebDriver) -> dict[str, str]:
-    """The page's rows: name -> size as shown."""
-    return {
-        row.get_attribute("data-name") or "": row.find_element(By.CSS_SELECTOR, "td.size").text
-        for row in driver.find_elements(By.CSS_SELECTOR, "#files tbody tr[data-name]")
-    }
+    """The page's rows: name -> size as shown.
+
+    Read in one script, so a page that reloads (after a delete) is read whole, before or after, never
+    as rows of the old page gone stale between two WebDriver calls.
+    """
+    rows = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#files tbody tr[data-name]'),"
+        " row => [row.dataset.name, row.querySelector('td.size').innerText.trim()]);"
+    )
+    return {name: size for name, size in rows}
 
 
 def api_names(server: Server, token: str, folder: str) -> set[str]:
