@@ -1,4 +1,4 @@
-"""``/jobs/<id>/outputs``: what a job wrote under ``$GPUPOOL_JOB_DIR/output``, listed, downloaded, or as one tar stream.
+"""``/jobs/<id>/outputs``: what a job wrote to ``$GPUPOOL_OUTPUT_DIR`` (its folder's ``output``), listed, downloaded, or as one tar stream.
 
     GET  /jobs/<id>/outputs/            a page of the output folder's top (?format=tar: the whole folder as a tar)
     GET  /jobs/<id>/outputs/<path>      a file (Range, ETag, Last-Modified; HEAD too), or a page of a folder (path/)
@@ -119,7 +119,7 @@ def output_tar(job_id: str) -> Response:
 @operation(
     outputs_bp, "GET", "/jobs/<job_id>/outputs/", roles=_ROLES,
     summary="The top of the job's output folder: a page of its entries (format=tar: the whole folder)",
-    description="What the job wrote under $GPUPOOL_JOB_DIR/output, read as the job's user. 404 no such job (or one "
+    description="What the job wrote to $GPUPOOL_OUTPUT_DIR, read as the job's user. 404 no such job (or one "
     "of another account), or a job that made no output folder.",
     parameters=[JOB_ID_PARAM, *LISTING_PARAMS, _FORMAT],
     replies={"200": Reply("A page of the folder's entries, or the archive", FileList, content=_TAR)},
