@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from flask import Blueprint, Response, request
 
@@ -34,6 +35,7 @@ from api.downloads import (
     disposition,
     download,
     download_replies,
+    folder_page,
     listing,
     page_size,
 )
@@ -44,7 +46,7 @@ from gpupool.errors import BadRequest, NotFound
 from gpupool.members import WRITERS
 from gpupool.models import Job
 from gpupool.storage.client import StorageClient
-from gpupool.storage.paths import parse_path
+from gpupool.storage.paths import StoragePath, parse_path
 from gpupool.storage.tarstream import TarTail
 
 outputs_bp = Blueprint("outputs", __name__)
@@ -75,6 +77,15 @@ def _job(job_id: str) -> Job:
 
 def _storage() -> StorageClient:
     return StorageClient(app_state().settings)
+
+
+def output_listing(job_id: str, path: StoragePath, *, limit: int, cursor: str | None) -> dict[str, Any] | None:
+    """A page of one of the job's output folders, as ``GET /jobs/<id>/outputs/<folder>/`` answers it; None when ``path`` names a file.
+
+    For the job's page (api.web.job_outputs), which lists through this API's checks and storage calls.
+    """
+    job = _job(job_id)
+    return folder_page(path, _storage().output_get(job.account, job.id, path, limit=limit, after=cursor_name(cursor)))
 
 
 class _TarBody:
