@@ -3,11 +3,12 @@
 The refresher notes each job before it applies Slurm's answer (``JobEvents``)
 and enqueues ``job.started`` / ``job.preempted`` / ``job.ended`` after, in the
 same transaction as the new state: an event exists exactly when its state
-change was stored. A ``job.ended`` that some endpoint wants says how many files
-the job left at the top of its output folder (``output_files``): one listing by
-the run-as helper, as the job's user, capped in names and in jobs per pass, so
-the refresh stays short; null when it could not be counted. ``enqueue_job_event`` does the same for one event another
-pass decides on (``job.idle``). The sender (``gpupool.webhooks.sender``)
+change was stored. ``enqueue_job_event`` does the same for one event another
+pass decides on (``job.idle``). A ``job.ended`` that some endpoint wants says
+how many files the job left at the top of its output folder
+(``output_files``): one listing by the run-as helper, as the job's user,
+capped in names and in jobs per pass, so the refresh stays short; null when
+it could not be counted. The sender (``gpupool.webhooks.sender``)
 delivers them; nothing here waits on a receiver.
 """
 
