@@ -43,6 +43,7 @@ from gpupool.jobstate import JobStateRefresher
 from gpupool.slurm.client import SlurmClient
 from gpupool.templates import load_templates
 from gpupool.tokens import verification_key
+from gpupool.webhooks.outbox import output_counter
 
 
 def create_app(
@@ -107,6 +108,7 @@ def create_app(
             # Long past any sbatch a hung slurmctld could still be working through.
             submission_grace_s=settings.slurm_submit_timeout_s * 4 + 30,
             unknown_after_s=settings.unknown_after_s,
+            count_outputs=output_counter(settings),
         ),
         inventory=TimedCache(slurm.gpu_inventory, settings.cluster_shape_ttl_s, keep_stale=True),
         # Load balancers probe /readyz often; Slurm hears from each worker at most every 2 s.

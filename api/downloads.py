@@ -26,6 +26,7 @@ from api.routing import Reply
 from api.schemas import ErrorOut, FileList
 from gpupool.clock import utc_text
 from gpupool.errors import BadRequest
+from gpupool.storage.client import Answer
 from gpupool.storage.paths import StoragePath
 
 CHUNK_BYTES = 1024 * 1024
@@ -112,6 +113,14 @@ def listing_document(path: StoragePath, facts: dict[str, Any]) -> dict[str, Any]
     ]
     shown = "/".join(path.parts) + ("/" if path.parts else "")
     return {"path": shown, "entries": entries, "next_cursor": _cursor(facts.get("next_after")), "unlisted": facts.get("skipped", 0)}
+
+
+def folder_page(path: StoragePath, answer: Answer) -> dict[str, Any] | None:
+    """The agent's answer to a GET as a folder's listing document; None (its file closed) when it opened a file."""
+    if answer.fd is not None:
+        answer.close()
+        return None
+    return listing_document(path, answer.facts)
 
 
 def listing(path: StoragePath, facts: dict[str, Any]) -> Response:

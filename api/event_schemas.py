@@ -23,6 +23,7 @@ from gpupool.webhooks.events import (
     JOB_PREEMPTED,
     JOB_STARTED,
 )
+from gpupool.webhooks.outbox import OUTPUT_FILES_CAP
 
 
 class _Payload(BaseModel):
@@ -53,6 +54,13 @@ class EventJob(_Payload):
     preemptible: bool
     run_count: int
     gpu_seconds: int | None = Field(description="job.ended only, once a billing pass has billed the job; else null")
+    output_files: int | None = Field(
+        description="job.ended only: how many files the job left at the top of its output folder ($GPUPOOL_OUTPUT_DIR; "
+        f"folders are not looked into, links are not files), counted once when the event was made, at most {OUTPUT_FILES_CAP} "
+        f"(among the folder's first {OUTPUT_FILES_CAP} names); 0 when the job made no output folder. null for other events, "
+        "or when it could not be counted. GET /jobs/<id>/outputs/ lists them.",
+        ge=0, le=OUTPUT_FILES_CAP,
+    )
 
 
 class IdleGpu(_Payload):

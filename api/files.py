@@ -48,8 +48,8 @@ from api.downloads import (
     download,
     download_replies,
     etag,
+    folder_page,
     listing,
-    listing_document,
     modified,
     page_size,
 )
@@ -126,11 +126,7 @@ def folder_listing(path: StoragePath, *, limit: int, cursor: str | None) -> dict
 
     For the Files page (api.web.files_page), which lists through the same storage calls as this API.
     """
-    answer = _storage().get(_account(), path, limit=limit, after=cursor_name(cursor))
-    if answer.fd is not None:
-        answer.close()
-        return None
-    return listing_document(path, answer.facts)
+    return folder_page(path, _storage().get(_account(), path, limit=limit, after=cursor_name(cursor)))
 
 
 @operation(

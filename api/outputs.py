@@ -1,4 +1,4 @@
-"""``/jobs/<id>/outputs``: what a job wrote under ``$GPUPOOL_JOB_DIR/output``, listed, downloaded, or as one tar stream.
+"""``/jobs/<id>/outputs``: what a job wrote to ``$GPUPOOL_OUTPUT_DIR`` (its folder's ``output``), listed, downloaded, or as one tar stream.
 
     GET  /jobs/<id>/outputs/            a page of the output folder's top (?format=tar: the whole folder as a tar)
     GET  /jobs/<id>/outputs/<path>      a file (Range, ETag, Last-Modified; HEAD too), or a page of a folder (path/)
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from flask import Blueprint, Response, request
 
@@ -34,6 +35,7 @@ from api.downloads import (
     disposition,
     download,
     download_replies,
+    folder_page,
     listing,
     page_size,
 )
@@ -44,7 +46,7 @@ from gpupool.errors import BadRequest, NotFound
 from gpupool.members import WRITERS
 from gpupool.models import Job
 from gpupool.storage.client import StorageClient
-from gpupool.storage.paths import parse_path
+from gpupool.storage.paths import StoragePath, parse_path
 from gpupool.storage.tarstream import TarTail
 
 outputs_bp = Blueprint("outputs", __name__)
@@ -75,6 +77,15 @@ def _job(job_id: str) -> Job:
 
 def _storage() -> StorageClient:
     return StorageClient(app_state().settings)
+
+
+def output_listing(job_id: str, path: StoragePath, *, limit: int, cursor: str | None) -> dict[str, Any] | None:
+    """A page of one of the job's output folders, as ``GET /jobs/<id>/outputs/<folder>/`` answers it; None when ``path`` names a file.
+
+    For the job's page (api.web.job_outputs), which lists through this API's checks and storage calls.
+    """
+    job = _job(job_id)
+    return folder_page(path, _storage().output_get(job.account, job.id, path, limit=limit, after=cursor_name(cursor)))
 
 
 class _TarBody:
@@ -119,7 +130,7 @@ def output_tar(job_id: str) -> Response:
 @operation(
     outputs_bp, "GET", "/jobs/<job_id>/outputs/", roles=_ROLES,
     summary="The top of the job's output folder: a page of its entries (format=tar: the whole folder)",
-    description="What the job wrote under $GPUPOOL_JOB_DIR/output, read as the job's user. 404 no such job (or one "
+    description="What the job wrote to $GPUPOOL_OUTPUT_DIR, read as the job's user. 404 no such job (or one "
     "of another account), or a job that made no output folder.",
     parameters=[JOB_ID_PARAM, *LISTING_PARAMS, _FORMAT],
     replies={"200": Reply("A page of the folder's entries, or the archive", FileList, content=_TAR)},

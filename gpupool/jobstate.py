@@ -43,7 +43,7 @@ from gpupool.models import TERMINAL_STATES, Job, JobTask, SlurmSync
 from gpupool.models.jobs import SUBMITTING, UNKNOWN
 from gpupool.render import TAG_PREFIX, job_tag
 from gpupool.slurm.client import AccountingEntry, JobRows, QueueEntry, SlurmClient
-from gpupool.webhooks.outbox import JobEvents
+from gpupool.webhooks.outbox import JobEvents, OutputCounter
 
 log = logging.getLogger("gpupool.jobstate")
 LEASE_ID = 1
@@ -193,9 +193,12 @@ class JobStateRefresher:
         interval_s: float,
         submission_grace_s: float,
         unknown_after_s: float = Settings.unknown_after_s,
+        count_outputs: OutputCounter | None = None,
     ) -> None:
         self._sessions = session_factory
         self._slurm = slurm
+        # job.ended's output_files (gpupool.webhooks.outbox.output_counter); None: null.
+        self._count_outputs = count_outputs
         self.interval = dt.timedelta(seconds=interval_s)
         self.submission_grace = dt.timedelta(seconds=submission_grace_s)
         self.unknown_after = dt.timedelta(seconds=unknown_after_s)
@@ -336,7 +339,7 @@ class JobStateRefresher:
             raise accounting_error
 
     def _write(self, job_ids: list[str], answers: SlurmAnswers, now: dt.datetime) -> None:
-        events = JobEvents()
+        events = JobEvents(self._count_outputs)
         unfinished = select(Job).where(Job.finished.is_(False))
         if len(job_ids) <= _LOAD_BY_ID_MAX:
             unfinished = unfinished.where(Job.id.in_(job_ids))

@@ -208,6 +208,13 @@ def gres(gpus: int, gpu_type: str | None) -> str:
 
 # Where a container sees the account's storage.
 CONTAINER_DATA_DIR = "/data"
+# The job's output folder, in its job folder: $GPUPOOL_OUTPUT_DIR, what GET /jobs/<id>/outputs serves.
+OUTPUT_FOLDER = "output"
+
+
+def output_dir(job_dir: str) -> str:
+    """``$GPUPOOL_OUTPUT_DIR``: the same path on the node and in a container, which sees the job folder at its own path."""
+    return f"{job_dir}/{OUTPUT_FOLDER}"
 
 
 def container_mounts(job_dir: str, data_dir: str | None, extra: tuple[str, ...]) -> str:
@@ -347,6 +354,7 @@ def render(spec: JobSpec) -> RenderedJob:
     env: list[tuple[str, str]] = [
         ("GPUPOOL_JOB_ID", shell_quote(spec.job_id)),
         ("GPUPOOL_JOB_DIR", shell_quote(spec.job_dir)),
+        ("GPUPOOL_OUTPUT_DIR", shell_quote(output_dir(spec.job_dir))),
         ("GPUPOOL_TEMPLATE", shell_quote(spec.template)),
     ]
     if spec.data_dir:
@@ -355,7 +363,7 @@ def render(spec: JobSpec) -> RenderedJob:
         env.append(("GPUPOOL_DATA", shell_quote(CONTAINER_DATA_DIR if in_container else spec.data_dir)))
     if spec.session_ports is not None:
         env.append(("GPUPOOL_SESSION_PORTS", shell_quote(spec.session_ports)))
-    env += [(param_env_name(name), _shell_value(spec.params[name])) for name in sorted(spec.params)]
+    params = [(param_env_name(name), _shell_value(spec.params[name])) for name in sorted(spec.params)]
     sweep = spec.array.sweep_param if spec.array is not None else None
     if sweep is not None and sweep in spec.params:
         raise ValueError(f"param {sweep!r} is swept: it has no single value")
@@ -370,11 +378,15 @@ def render(spec: JobSpec) -> RenderedJob:
         *directives,
         "set -euo pipefail",
         *(f"export {name}={value}" for name, value in env),
+        # Made as the job's user before any command of the customer's runs, so it is theirs and always there;
+        # before the parameters are in the environment, where a long value fails any exec with E2BIG.
+        'mkdir -p "$GPUPOOL_OUTPUT_DIR"',
+        *(f"export {name}={value}" for name, value in params),
         *(_sweep_reader(sweep) if sweep is not None else ()),
         "",
         f"# ---- template {spec.template} ----",
     ]
-    env_names = [name for name, _ in env] + ([param_env_name(sweep)] if sweep is not None else [])
+    env_names = [name for name, _ in env + params] + ([param_env_name(sweep)] if sweep is not None else [])
     if spec.runtime == "docker" and spec.container_image:
         lines += _docker_wrapped(spec, env_names)
     elif spec.preemptible:

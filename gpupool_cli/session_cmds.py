@@ -17,6 +17,7 @@ from gpupool.jobstate import JobStateRefresher
 from gpupool.proxy import ProxyConfig, render_sessions_conf, standalone_nginx_conf
 from gpupool.sessions import sweep_idle
 from gpupool.slurm.client import SlurmClient
+from gpupool.webhooks.outbox import output_counter
 
 
 def _sweep_once(settings: Settings, refresher: JobStateRefresher, sessions: Any, slurm: SlurmClient) -> list[str]:
@@ -37,6 +38,7 @@ def cmd_sessions_sweep(settings: Settings, args: argparse.Namespace) -> int:
     refresher = JobStateRefresher(
         sessions, slurm, interval_s=settings.refresh_interval_s,
         submission_grace_s=settings.slurm_submit_timeout_s * 4 + 30, unknown_after_s=settings.unknown_after_s,
+        count_outputs=output_counter(settings),
     )
     try:
         if args.every_s is None:

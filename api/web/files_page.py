@@ -11,17 +11,15 @@ and want the page's CSRF value in a header on every write (api.web.pages).
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Response, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as BaseResponse
 
 from api import files as files_api
 from api.context import app_state, principal
 from api.errors import status_for
+from api.web import listing
 from api.web.pages import web_bp, web_data_bp
 from gpupool.errors import BadRequest, GpupoolError
-from gpupool.storage.paths import StoragePath, parse_path
 from gpupool.storage.sizes import format_size
 from gpupool.storage.volumes import volume_usage
 
@@ -29,48 +27,22 @@ from gpupool.storage.volumes import volume_usage
 PAGE_ENTRIES = 100
 
 
-def _folder_path(text: str) -> StoragePath:
-    where = parse_path(text)
-    return StoragePath(where.parts, True)
+def _folder_url(path: str) -> str:
+    return url_for("web.files", path=path)
 
 
-def _crumbs(where: StoragePath) -> list[dict[str, str]]:
-    """The folders from the top down to this one, each with its page's address."""
-    crumbs = [{"name": "Your storage", "url": url_for("web.files")}]
-    for depth in range(1, len(where.parts) + 1):
-        crumbs.append({"name": where.parts[depth - 1], "url": url_for("web.files", path="/".join(where.parts[:depth]) + "/")})
-    return crumbs
-
-
-def _parent_url(where: StoragePath) -> str | None:
-    if where.is_root:
-        return None
-    above = where.parts[:-1]
-    return url_for("web.files", path="/".join(above) + "/" if above else "")
-
-
-def _rows(where: StoragePath, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    prefix = where.text
-    rows = []
-    for entry in entries:
-        path = prefix + entry["name"]
-        row = dict(entry, path=path, size_text=format_size(entry["size"]) if entry["size"] is not None else "")
-        if entry["type"] == "folder":
-            row["url"] = url_for("web.files", path=path + "/")
-        elif entry["type"] == "file":
-            row["url"] = url_for("web_data.file_data", path=path)
-        rows.append(row)
-    return rows
+def _file_url(path: str) -> str:
+    return url_for("web_data.file_data", path=path)
 
 
 def _files_page(folder: str, *, error: GpupoolError | None = None) -> tuple[str, int]:
     settings = app_state().settings
     if not settings.storage_root:
         return render_template("web/files.html", enabled=False, error=None), 200
-    where = _folder_path(folder)
+    where = listing.folder_path(folder)
     cursor = request.args.get("cursor") or None
-    listing = files_api.folder_listing(where, limit=PAGE_ENTRIES, cursor=cursor)
-    if listing is None:
+    page = files_api.folder_listing(where, limit=PAGE_ENTRIES, cursor=cursor)
+    if page is None:
         raise BadRequest(f"{where.text[:-1]} is a file, not a folder: download it from its folder's page", code="not_a_folder")
     usage = volume_usage(settings, principal().account)
     return (
@@ -78,11 +50,11 @@ def _files_page(folder: str, *, error: GpupoolError | None = None) -> tuple[str,
             "web/files.html",
             enabled=True,
             folder=where.text,
-            crumbs=_crumbs(where),
-            parent_url=_parent_url(where),
-            rows=_rows(where, listing["entries"]),
-            unlisted=listing["unlisted"],
-            next_url=url_for("web.files", path=where.text, cursor=listing["next_cursor"]) if listing["next_cursor"] else None,
+            crumbs=listing.crumbs(where, "Your storage", _folder_url),
+            parent_url=listing.parent_url(where, _folder_url),
+            rows=listing.rows(where, page["entries"], _folder_url, _file_url),
+            unlisted=page["unlisted"],
+            next_url=url_for("web.files", path=where.text, cursor=page["next_cursor"]) if page["next_cursor"] else None,
             first_url=url_for("web.files", path=where.text) if cursor else None,
             # The script puts each file's name, quoted, in place of NAME.
             upload_url=url_for("web_data.put_file_data", path=where.text + "NAME"),
@@ -128,7 +100,7 @@ def make_folder_page() -> BaseResponse | tuple[str, int]:
         if not name or "/" in name:
             raise BadRequest("a folder's name is one name, without '/'", code="path_invalid")
         # PUT /files/<folder>/ makes a folder and reads no body.
-        files_api.put_file(_folder_path(folder).text + name + "/")
+        files_api.put_file(listing.folder_path(folder).text + name + "/")
     except GpupoolError as exc:
         return _refused_or_raise(folder, exc)
     return redirect(url_for("web.files", path=folder), code=303)

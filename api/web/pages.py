@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
 from api import billing as billing_api
+from api import outputs as outputs_api
 from api import sessions as sessions_api
 from api.audit import audit
 from api.auth import PAGE_SESSION_KEY, count_unauthenticated, principal_for_token
@@ -33,6 +34,7 @@ from api.routing import roles_of
 from api.submission import quote, request_fingerprint, submit
 from api.web import charts
 from api.web.forms import RESOURCE_FIELDS, param_fields, submit_body
+from api.web.job_outputs import outputs_section
 from api.web.session import check_csrf, csrf_token, start_session
 from billing.budgets import Balance, balance
 from billing.calendar import check_period, period_of
@@ -72,6 +74,8 @@ PAGE_RULES = {
     "web.open_session": "sessions.get_session",
     "web.open_session_by_label": "sessions.get_session",
     "web_data.job_log_data": "jobs.job_logs",
+    "web_data.job_output_data": "outputs.get_output",
+    "web_data.job_outputs_tar": "outputs.output_tar",
     "web.keys": "keys.index",
     "web.create_key_page": "keys.create",
     "web.revoke_key_page": "keys.revoke",
@@ -136,6 +140,7 @@ def _check_page_role() -> None:
 
 
 def _may_read_logs() -> bool:
+    """Logs and outputs alike: what a job wrote may hold its owner's secrets (api.jobs.logs', api.outputs' roles)."""
     membership = principal().membership
     return membership is None or membership.role in WRITERS
 
@@ -285,6 +290,7 @@ def job(job_id: str) -> str:
         session=_session_of_page(view, row) if _may_read_logs() else None,
         usage_chart=_usage_chart(view),
         logs=logs,
+        outputs=outputs_section(view) if _may_read_logs() else None,
     )
 
 
@@ -350,6 +356,19 @@ def job_data(job_id: str) -> Response:
 @web_data_bp.get("/jobs/<job_id>/logs")
 def job_log_data(job_id: str) -> Response:
     return job_logs_api.job_logs(job_id)
+
+
+# The job page's links: one output file (or a folder's listing), and the whole output folder as one tar.
+
+
+@web_data_bp.get("/jobs/<job_id>/outputs/<storage_path:path>", merge_slashes=False)
+def job_output_data(job_id: str, path: str) -> Response:
+    return outputs_api.get_output(job_id, path)
+
+
+@web_data_bp.get("/jobs/<job_id>/outputs.tar")
+def job_outputs_tar(job_id: str) -> Response:
+    return outputs_api.output_tar(job_id)
 
 
 # -- submit -------------------------------------------------------------------

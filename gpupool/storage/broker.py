@@ -45,6 +45,7 @@ from typing import Any
 from gpupool.config import Settings
 from gpupool.errors import BadRequest, ConfigError, TenantError
 from gpupool.proc import RunAs, spawn
+from gpupool.render import output_dir
 from gpupool.slurm.runas.checks import job_folder
 from gpupool.slurm.tenants import Tenant, lookup_member, lookup_tenant
 from gpupool.storage import agent
@@ -61,8 +62,6 @@ OPERATIONS = frozenset(PREFIX + name for name in agent.OPERATIONS if name != "ta
 )
 # Operations whose answer carries a descriptor when they succeed: a regular file's, or (tar) a pipe's.
 _WITH_DESCRIPTOR = frozenset({"get", "upload", "tar"})
-# Where a job writes what it hands back, in its folder (slurm_templates/command makes it).
-OUTPUT_FOLDER = "output"
 _ACCOUNT = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _UPLOAD_KEY = re.compile(r"^[0-9a-f]{64}$")
 # Read once: the agent runs from its source on python's command line, as the tenant may not read gpupool's files.
@@ -233,7 +232,7 @@ def _where(settings: Settings, request: dict[str, Any]) -> tuple[Tenant, str, in
         if owner is None:
             return None
         tenant, folder, device = owner
-        return tenant, f"{folder}/{OUTPUT_FOLDER}", device
+        return tenant, output_dir(folder), device
     if not settings.storage_root:
         raise ConfigError("this site has no account storage (storage_root is empty)")
     root = account_storage_dir(settings.storage_root, account)

@@ -2,4 +2,4 @@ torchrun --standalone --nproc-per-node "$SLURM_GPUS_ON_NODE" "$GPUPOOL_PARAM_SCR
     --data-dir "$GPUPOOL_PARAM_DATA_DIR" \
     --epochs "$GPUPOOL_PARAM_EPOCHS" \
     --learning-rate "$GPUPOOL_PARAM_LEARNING_RATE" \
-    --output-dir "$GPUPOOL_JOB_DIR/output"
+    --output-dir "$GPUPOOL_OUTPUT_DIR"

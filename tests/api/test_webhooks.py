@@ -75,6 +75,8 @@ def test_receiver_gets_one_signed_job_ended_per_job(
     for event in events:  # as the OpenAPI document's webhooks section describes them, nothing more
         validate_event(event)
     assert all(event["data"]["job"]["state"] == "COMPLETED" and event["data"]["job"]["exit_code"] == 0 for event in events)
+    # hello writes nothing to its output folder, which the run-as helper listed as the job's user.
+    assert [event["data"]["job"]["output_files"] for event in events] == [0, 0]
     assert len({event["id"] for event in events}) == 2
     assert all(r.headers["Gpupool-Event-Id"] == json_id for r, json_id in zip(receiver.at("/all"), [e["id"] for e in events], strict=True))
     # The callback URL gets that job's events, signed with the secret its submit answered with.
@@ -89,6 +91,25 @@ def test_receiver_gets_one_signed_job_ended_per_job(
     deliveries = client.get(f"/webhooks/{endpoint['id']}/deliveries", headers=auth).get_json()["deliveries"]
     assert sorted(d["job_id"] for d in deliveries) == sorted(job_ids)
     assert all(d["state"] == "delivered" and [a["status_code"] for a in d["attempts"]] == [200] for d in deliveries)
+
+
+def test_job_ended_says_how_many_files_the_job_left_in_its_output_folder(
+    client: FlaskClient, auth: dict[str, str], receiver: WebhookReceiver, sender: WebhookSender
+) -> None:
+    endpoint = register(client, auth, receiver.base + "/outputs", events=["job.ended"])
+    # Three files at the top; a folder (its file is not counted), a link and a FIFO are not files.
+    command = (
+        'cd "$GPUPOOL_OUTPUT_DIR" && echo a > a.txt && echo b > b.txt && head -c 5000 /dev/urandom > c.bin'
+        " && mkdir runs && echo x > runs/x.txt && ln -s /etc/shadow shadow && mkfifo pipe"
+    )
+    job = client.post("/submit", json={"template": "command", "gpus": 1, "params": {"command": command}}, headers=auth).get_json()
+    wait_for_state(client, job["job_id"], auth, {"COMPLETED"})
+    deliver_until(sender, lambda: receiver.at("/outputs"), "the job.ended delivery")
+    (event,) = [verify_signature(r.body, r.headers["Gpupool-Signature"], str(endpoint["secret"])) for r in receiver.at("/outputs")]
+    validate_event(event)
+    assert (event["data"]["job"]["job_id"], event["data"]["job"]["output_files"]) == (job["job_id"], 3)
+    listed = client.get(f"/jobs/{job['job_id']}/outputs/", headers=auth).get_json()
+    assert sum(entry["type"] == "file" for entry in listed["entries"]) == 3
 
 
 def test_a_receiver_answering_500_twice_gets_the_event_a_third_time(

@@ -14,6 +14,7 @@ per session (a copy is faster than a migration, and no test sees another's rows)
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
+from werkzeug.test import TestResponse
 
 from api import create_app
 from gpupool import db
@@ -37,6 +39,7 @@ from gpupool.tokens import issue_token
 from tests.conftest import SUITE_NOW, base_settings
 
 RECORDED = Path(__file__).resolve().parent / "recorded"
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 ACCOUNT = "acme"
 # What squeue prints for a job-state query with no job: its header, in the caller's delimiter.
 _QUEUE_HEADER = ("JOBID", "STATE", "REASON", "SUBMIT_TIME", "START_TIME", "END_TIME", "NODELIST", "USER", "ACCOUNT", "COMMENT")
@@ -137,3 +140,19 @@ def auth(settings: Settings, session_factory: sessionmaker) -> dict[str, str]:
     with session_factory() as session, session.begin():
         token = issue_token(session, settings, sub="alice", account=ACCOUNT, role="customer", ttl_s=3600)
     return {"Authorization": "Bearer " + token}
+
+
+def csrf_of(page: TestResponse) -> str:
+    found = CSRF.search(page.get_data(as_text=True))
+    assert found, page.get_data(as_text=True)
+    return found.group(1)
+
+
+def signed_in(client: FlaskClient, settings: Settings, session_factory: sessionmaker, role: str = "customer") -> str:
+    """The client signed in to the pages as alice of the tier's account; the pages' CSRF value."""
+    with session_factory() as session, session.begin():
+        token = issue_token(session, settings, sub="alice", account=ACCOUNT, role=role, ttl_s=3600)
+    form = client.get("/ui/signin")
+    answer = client.post("/ui/signin", data={"csrf_token": csrf_of(form), "token": token})
+    assert answer.status_code == 303, answer.get_data(as_text=True)
+    return csrf_of(client.get("/ui/jobs"))

@@ -17,7 +17,6 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy.orm import sessionmaker
-from werkzeug.test import TestResponse
 
 from api import create_app
 from gpupool.clock import FrozenClock
@@ -27,28 +26,10 @@ from gpupool.models import AccountMember
 from gpupool.slurm.client import SlurmClient
 from gpupool.storage.client import Answer, StorageClient
 from gpupool.storage.paths import StoragePath
-from gpupool.tokens import issue_token
-from tests.app.conftest import ACCOUNT, NoTenants, RecordedSlurm
+from tests.app.conftest import ACCOUNT, NoTenants, RecordedSlurm, signed_in
 
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 HOSTILE = '<img src=x onerror=alert(1)>#?.txt'
 MTIME_NS = 1_780_000_000 * 1_000_000_000
-
-
-def csrf_of(page: TestResponse) -> str:
-    found = CSRF.search(page.get_data(as_text=True))
-    assert found, page.get_data(as_text=True)
-    return found.group(1)
-
-
-def signed_in(client: FlaskClient, settings: Settings, session_factory: sessionmaker, role: str = "customer") -> str:
-    """The client signed in as a customer of the tier's account; the page's CSRF value."""
-    with session_factory() as session, session.begin():
-        token = issue_token(session, settings, sub="alice", account=ACCOUNT, role=role, ttl_s=3600)
-    form = client.get("/ui/signin")
-    answer = client.post("/ui/signin", data={"csrf_token": csrf_of(form), "token": token})
-    assert answer.status_code == 303, answer.get_data(as_text=True)
-    return csrf_of(client.get("/ui/jobs"))
 
 
 @pytest.fixture

@@ -1,10 +1,13 @@
 """A job's outputs come back through the API, read as the job's own Unix user: the kernel decides, links stay links.
 
 A real job of the `command` template writes random bytes, a folder and a link
-to /etc/shadow under $GPUPOOL_JOB_DIR/output, as the account's Unix user with
-the job's umask, so the service user itself cannot read them (asserted below).
-gunicorn runs as that service user under no_new_privs and reaches them only
-through the run-as helper's storage agent, run as the job folder's owner.
+to /etc/shadow to $GPUPOOL_OUTPUT_DIR ($GPUPOOL_JOB_DIR/output, there before
+its command runs), as the account's Unix user with the job's umask, so the
+service user itself cannot read them (asserted below). gunicorn runs as that
+service user under no_new_privs and reaches them only through the run-as
+helper's storage agent, run as the job folder's owner. The job's page in
+headless Chromium lists them and downloads one, and the whole folder, through
+its links.
 """
 
 from __future__ import annotations
@@ -25,25 +28,33 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from gpupool_client import Client
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from bench.support.http import http
 from bench.support.services import TENANT_PREFIX
 from bench.support.tenancy import SERVICE_USER
 from gpupool import db
 from tests.conftest import base_settings, recorded_token, wait_for
+from tests.live import test_browser
 from tests.live.conftest import Server, launch_gunicorn, live_env, stop_gunicorn
+from tests.live.test_browser import severe_console_messages, sign_in
 from tests.live.test_storage import as_user, raw_request
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 CLI = str(Path(sys.executable).parent / "gpupool-client")
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+# Headless Chromium (tests.live.test_browser), for the job page's test.
+browser = test_browser.browser
 
 DATA_BYTES = 300_000
 SCRIPT = (
     'set -e\n'
-    'out="$GPUPOOL_JOB_DIR/output"\n'
-    'mkdir -p "$out/sub"\n'
+    # Made by gpupool's script before the command: a plain mkdir inside it needs it there.
+    'test "$GPUPOOL_OUTPUT_DIR" = "$GPUPOOL_JOB_DIR/output"\n'
+    'out="$GPUPOOL_OUTPUT_DIR"\n'
+    'mkdir "$out/sub"\n'
     f'head -c {DATA_BYTES} /dev/urandom > "$out/data.bin"\n'
     'echo nested > "$out/sub/nested.txt"\n'
     'ln -s /etc/shadow "$out/shadow"\n'
@@ -206,6 +217,51 @@ def test_the_client_and_its_cli_take_the_outputs_home(
     assert single.returncode == 0 and (tmp_path / "single" / "nested.txt").read_bytes() == b"nested\n", single.stderr
     missing = subprocess.run([CLI, "outputs", "00000000-0000-4000-8000-000000000000"], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert missing.returncode != 0 and "no job" in missing.stderr
+
+
+def downloaded(folder: Path, name: str, size: int | None = None) -> Path:
+    """The file Chromium saved under its final name (it writes a .crdownload until the download is whole)."""
+    saved = folder / name
+    wait_for(lambda: saved.exists() and (size is None or saved.stat().st_size == size), timeout_s=60, what=f"{name} downloaded")
+    return saved
+
+
+def page_outputs(driver: WebDriver) -> dict[str, Any]:
+    """The job page's Outputs rows, by name."""
+    return {row.get_attribute("data-name") or "": row for row in driver.find_elements(By.CSS_SELECTOR, "#outputs-list tbody tr[data-name]")}
+
+
+@test_browser.pytestmark
+def test_the_job_page_lists_the_outputs_and_its_links_download_the_same_bytes(
+    server: Server, browser: WebDriver, tokens: dict[str, str], slurm_account: str, finished_job: tuple[str, str], tmp_path: Path,
+) -> None:
+    job_id, printed = finished_job
+    downloads = tmp_path / "downloads"
+    sign_in(browser, server, tokens[slurm_account])
+    browser.get(f"{server.url}/ui/jobs/{job_id}")
+    rows = page_outputs(browser)
+    assert sorted(rows) == ["data.bin", "shadow", "sub"]
+    assert rows["data.bin"].find_element(By.CSS_SELECTOR, "td.size").text == "293.0 KiB"
+    assert rows["shadow"].find_elements(By.TAG_NAME, "a") == []  # a link is listed, never followed
+
+    # The file's link: the bytes the job's own process hashed.
+    rows["data.bin"].find_element(By.CSS_SELECTOR, "a.download").click()
+    assert sha(downloaded(downloads, "data.bin", DATA_BYTES).read_bytes()) == printed
+    # Download all: one tar of the folder, the link as a link.
+    browser.find_element(By.ID, "outputs-tar").click()
+    archive_path = downloaded(downloads, f"{job_id}-outputs.tar")
+    wait_for(lambda: archive_path.stat().st_size > DATA_BYTES, timeout_s=30, what="the whole archive")
+    with tarfile.open(archive_path, mode="r:") as archive:
+        assert sorted(archive.getnames()) == ["data.bin", "shadow", "sub", "sub/nested.txt"]
+        data = archive.extractfile("data.bin")
+        assert data is not None and sha(data.read()) == printed
+    # A folder opens in place, and its file downloads too.
+    rows["sub"].find_element(By.CSS_SELECTOR, "a.folder").click()
+    wait_for(lambda: "nested.txt" in page_outputs(browser), timeout_s=15, what="the sub folder's listing")
+    assert browser.current_url.endswith(f"/ui/jobs/{job_id}?outputs=sub/#outputs")
+    page_outputs(browser)["nested.txt"].find_element(By.CSS_SELECTOR, "a.download").click()
+    assert downloaded(downloads, "nested.txt", 7).read_bytes() == b"nested\n"
+    assert severe_console_messages(browser) == []
 
 
 def test_retention_removes_the_folder_of_a_job_over_long_enough_never_what_its_links_point_to(

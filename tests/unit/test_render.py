@@ -245,7 +245,7 @@ def test_golden_session_script(shipped_templates: dict[str, Template], golden_na
 
 # The command template, as the customer guide's example runs it: on the host, and in a container (storage at /data).
 COMMAND_GOLDENS: dict[str, str | None] = {"command-none": None, "command-pyxis": IMAGE}
-COMMAND_LINE = 'python "$GPUPOOL_DATA/train.py" --out "$GPUPOOL_DATA/run1"'
+COMMAND_LINE = 'python "$GPUPOOL_DATA/train.py" --out "$GPUPOOL_OUTPUT_DIR/run1"'
 
 
 @pytest.mark.parametrize("golden_name", sorted(COMMAND_GOLDENS))
@@ -263,9 +263,9 @@ def test_golden_command_script(shipped_templates: dict[str, Template], golden_na
 def test_command_template_runs_the_customers_line_as_written(shipped_templates: dict[str, Template], tmp_path: Path) -> None:
     # Quotes, a directive, a substitution and a second line: structure to bash, data to gpupool's script.
     line = (
-        "printf '%s|' \"$GPUPOOL_TEMPLATE\" 'it''s' > \"$GPUPOOL_JOB_DIR/output/seen\"\n"
+        "printf '%s|' \"$GPUPOOL_TEMPLATE\" 'it''s' > \"$GPUPOOL_OUTPUT_DIR/seen\"\n"
         "#SBATCH --account=evil\n"
-        "echo \"$(echo sub)\" >> \"$GPUPOOL_JOB_DIR/output/seen\"; exit 7"
+        "echo \"$(echo sub)\" >> \"$GPUPOOL_OUTPUT_DIR/seen\"; exit 7"
     )
     template = shipped_templates["command"]
     rendered = render(make_spec(template, template="command", params=template.validate_params({"command": line}), job_dir=str(tmp_path)))
@@ -518,7 +518,7 @@ def sentinel(tmp_path: Path) -> Path:
     return tmp_path / f"pwned-{uuid.uuid4().hex}"
 
 
-def _hostile_spec(value: str, runtime: str = "none") -> JobSpec:
+def _hostile_spec(value: str, runtime: str = "none", job_dir: str = JOB_DIR) -> JobSpec:
     return JobSpec(
         job_id=JOB_ID,
         account="acme",
@@ -532,7 +532,7 @@ def _hostile_spec(value: str, runtime: str = "none") -> JobSpec:
         mem_gb=4,
         time_limit_min=5,
         partition="gpu",
-        job_dir=JOB_DIR,
+        job_dir=job_dir,
         runtime=runtime,
         container_image=None if runtime == "none" else IMAGE,
         container_mounts=() if runtime == "none" else (OPERATOR_MOUNT,),
@@ -542,7 +542,8 @@ def _hostile_spec(value: str, runtime: str = "none") -> JobSpec:
 @pytest.mark.parametrize("value", HOSTILE_VALUES.values(), ids=HOSTILE_VALUES.keys())
 def test_hostile_value_reaches_the_job_verbatim(value: str, sentinel: Path, tmp_path: Path) -> None:
     value = value.replace(SENTINEL, str(sentinel))
-    script = render(_hostile_spec(value)).script
+    # The job's folder is the test's: the script makes its output folder there.
+    script = render(_hostile_spec(value, job_dir=str(tmp_path / "job"))).script
     assert script.endswith("\n" + PRINT_MESSAGE_BODY)
     path = tmp_path / "job.sbatch"
     path.write_bytes(script.encode("utf-8"))
@@ -558,7 +559,8 @@ def test_hostile_value_reaches_the_job_verbatim(value: str, sentinel: Path, tmp_
     assert result.returncode == 0
     assert result.stdout == value.encode("utf-8")
     assert not sentinel.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sbatch"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job", "job.sbatch"]
+    assert [p.name for p in (tmp_path / "job").iterdir()] == ["output"]
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -571,7 +573,7 @@ def test_hostile_value_creates_no_sbatch_directive(value: str, runtime: str) -> 
 
 def test_param_types_reach_the_job_as_shell_words(tmp_path: Path) -> None:
     spec = dataclasses.replace(
-        _hostile_spec(""),
+        _hostile_spec("", job_dir=str(tmp_path)),
         params={"flag": True, "off": False, "lr": 0.0003, "n": 5, "big": 1e20},
         body='printf "%s|" "$GPUPOOL_PARAM_FLAG" "$GPUPOOL_PARAM_OFF" "$GPUPOOL_PARAM_LR" '
         '"$GPUPOOL_PARAM_N" "$GPUPOOL_PARAM_BIG" "$GPUPOOL_JOB_ID" "$GPUPOOL_TEMPLATE"\n',
@@ -589,6 +591,7 @@ def test_exports_are_sorted_by_param_name() -> None:
     assert exports == [
         f"export GPUPOOL_JOB_ID={JOB_ID}",
         f"export GPUPOOL_JOB_DIR={JOB_DIR}",
+        f"export GPUPOOL_OUTPUT_DIR={JOB_DIR}/output",
         "export GPUPOOL_TEMPLATE=hello",
         "export GPUPOOL_PARAM_ALPHA=2",
         "export GPUPOOL_PARAM_MID=3",
@@ -697,7 +700,9 @@ def test_docker_runtime_runs_the_body_inside_the_container(hello: Template, tmp_
     # Removed on the way out too, whether or not --rm already did.
     assert remove == ["rm", "--force", "gpupool-4242"]
     passed = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--env"}
-    assert {"GPUPOOL_PARAM_MESSAGE", "GPUPOOL_PARAM_SECONDS", "SLURM_GPUS_ON_NODE"} <= passed
+    assert {"GPUPOOL_PARAM_MESSAGE", "GPUPOOL_PARAM_SECONDS", "SLURM_GPUS_ON_NODE", "GPUPOOL_OUTPUT_DIR"} <= passed
+    # The output folder, made on the node before the container starts, where the container sees the job folder.
+    assert (tmp_path / "output").is_dir() and f"{tmp_path}:{tmp_path}" in argv
     assert "CUDA_VISIBLE_DEVICES" not in passed  # renumbered from 0 inside the container
     assert (record / "stdin").read_text() == "set -euo pipefail\n" + hello.body
     assert (record / "message").read_text() == RUN_PARAMS["hello"]["message"]
