@@ -296,8 +296,8 @@ class Settings:
             raise ConfigError("webhook_timeout_s must be positive")
         if self.operator_webhook_url and not re.fullmatch(r"https?://[!-~]+", self.operator_webhook_url):
             raise ConfigError(f"operator_webhook_url must be an http(s) URL, not {self.operator_webhook_url!r}")
-        if self.operator_webhook_url and len(self.operator_webhook_secret) < 16:
-            raise ConfigError("operator_webhook_url needs operator_webhook_secret (16 characters or more) to sign with")
+        # No check that the secret is there: only the webhook sender holds it (its credential); billing,
+        # which enqueues, has the URL alone. A sender without it records each attempt as failed, and says why.
         if not 0 < self.webhook_concurrency_per_account <= self.webhook_concurrency:
             raise ConfigError("webhook_concurrency_per_account must be positive and at most webhook_concurrency")
         if self.runas_timeout_s <= 0 or self.runas_max_connections <= 0:
