@@ -22,6 +22,7 @@ from gpupool.webhooks.events import (
     JOB_IDLE,
     JOB_PREEMPTED,
     JOB_STARTED,
+    NODE_DRAINED,
 )
 from gpupool.webhooks.outbox import OUTPUT_FILES_CAP
 
@@ -112,7 +113,9 @@ class GpuFailureNotice(_Payload):
     xid: int | None = Field(description="The NVIDIA Xid the kernel logged, when the failure was one")
     reason: str = Field(description="What the node's GPU check found, e.g. \"Xid 79 on 0000:41:00.0\"")
     at: str = Field(description="When the check found it, UTC")
-    requeued: bool = Field(description="The job was requeued (a spot job) and runs again on a healthy node")
+    requeued: bool = Field(
+        description="The job was requeued (it asked for requeue_on_failure, or is a spot job) and runs again on a healthy node"
+    )
 
 
 class JobFailedData(_Payload):
@@ -120,6 +123,17 @@ class JobFailedData(_Payload):
     gpu_failure: GpuFailureNotice
     run_started_at: str = Field(description="The start of the run the failure ended")
     credited: str = Field(description="What the run had been charged, credited back on the invoice (exact decimal text)")
+
+
+class DrainedNode(_Payload):
+    name: str
+    reason: str = Field(description="Slurm's drain reason, as the GPU check set it, e.g. \"gpu: Xid 79 on 0000:41:00.0\"")
+    drained_at: str = Field(description="When Slurm set the reason, UTC")
+    resume_with: str = Field(description="The command that returns the node to service, once the GPU is sound or replaced")
+
+
+class NodeDrainedData(_Payload):
+    node: DrainedNode
 
 
 class BudgetEventData(_Payload):
@@ -146,6 +160,11 @@ class JobFailedEvent(_Event):
     data: JobFailedData
 
 
+class NodeDrainedEvent(_Event):
+    type: Literal["node.drained"]
+    data: NodeDrainedData
+
+
 class BudgetEvent(_Event):
     type: Literal["budget.threshold", "budget.forecast"]
     data: BudgetEventData
@@ -160,12 +179,16 @@ EVENTS: dict[str, tuple[type[_Event], str]] = {
     JOB_IDLE: (JobIdleEvent, "Every GPU of a running job stayed under its idle policy's threshold for the policy's window"),
     BUDGET_THRESHOLD: (BudgetEvent, "A billing pass found the account's spend past one of its alert thresholds (once per period)"),
     BUDGET_FORECAST: (BudgetEvent, "At the last 24 hours' rate the account's budget runs out within its forecast horizon"),
+    NODE_DRAINED: (
+        NodeDrainedEvent,
+        "The operator's webhook only (operator_webhook_url), never an account's: the GPU check drained a node (once per drain)",
+    ),
 }
 
 
 def event_models() -> list[type[BaseModel]]:
     """Every model the ``webhooks`` section refers to, for the document's components."""
-    return [JobEvent, JobIdleEvent, JobFailedEvent, BudgetEvent]
+    return [JobEvent, JobIdleEvent, JobFailedEvent, BudgetEvent, NodeDrainedEvent]
 
 
 def validate_event(body: dict[str, Any]) -> BaseModel:

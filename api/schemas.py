@@ -122,6 +122,12 @@ class SubmitRequest(BaseModel):
         description="Run at the spot price; any full-price job may preempt it: SIGTERM, then requeued, and it runs again "
         "later. Every run is billed at the spot price for its own seconds.",
     )
+    requeue_on_failure: bool = Field(
+        default=False,
+        description="When a GPU under the job fails, the node's GPU check requeues the job onto a healthy node (it runs "
+        "again from the start) instead of cancelling it. Either way the failed run is credited in full; the run after "
+        "the requeue is billed as usual. Spot jobs are always requeued. Not for sessions or array jobs.",
+    )
 
 
 class GpuSampleOut(BaseModel):
@@ -182,7 +188,8 @@ class JobOut(BaseModel):
     )
     array: TaskCounts | None = Field(default=None, description="An array job's tasks; list them at GET /jobs/<id>/tasks.")
     preemptible: bool = Field(default=False, description="A spot job: see POST /submit's preemptible.")
-    run_count: int = Field(default=0, description="Runs Slurm has started: more than 1 after a preemption.")
+    requeue_on_failure: bool = Field(default=False, description="See POST /submit's requeue_on_failure.")
+    run_count: int = Field(default=0, description="Runs Slurm has started: more than 1 after a preemption or a requeue.")
     gpu_usage: GpuUsageOut | None = Field(
         default=None, description="GET /jobs/<id> only: recent per-GPU utilization and the job's idle state."
     )

@@ -220,6 +220,7 @@ def _spec(app: AppState, job: Job) -> JobSpec:
         session_ports=app.settings.session_ports if template.session is not None else None,
         array=_array_spec(job),
         preemptible=job.preemptible,
+        requeue_on_failure=job.requeue_on_failure,
         data_dir=account_storage_dir(app.settings.storage_root, job.account) if app.settings.storage_root else None,
     )
 
@@ -473,6 +474,12 @@ def _admit(
         raise ValidationFailed("an array job cannot be preemptible yet: submit its tasks at full price, or as single spot jobs")
     if template.session is not None and req.preemptible:
         raise ValidationFailed(f"a session cannot be preemptible: a requeue would end it; {req.template!r} is a session template")
+    if req.requeue_on_failure and template.session is not None:
+        raise ValidationFailed(f"a session cannot be requeued: it would start again with a new link; {req.template!r} is a session template")
+    if req.requeue_on_failure and (req.array is not None or req.sweep is not None):
+        raise ValidationFailed("an array job cannot ask for requeue_on_failure yet: submit its tasks as single jobs")
+    if req.requeue_on_failure and app.settings.container_runtime == "docker" and req.container_image is not None:
+        raise ValidationFailed("a docker job cannot be requeued on this cluster: its container would not survive the requeue")
     gpus = req.gpus if req.gpus is not None else template.default_gpus
     if gpus < template.min_gpus:
         raise ValidationFailed(f"template {req.template!r} needs at least {template.min_gpus} GPU(s)")
@@ -537,6 +544,7 @@ def _new_job(
         time_limit_min=admitted.time_limit_min,
         container_image=req.container_image,
         preemptible=req.preemptible,
+        requeue_on_failure=req.requeue_on_failure,
         job_dir=str(Path(settings.job_root) / caller.account / job_id),
         state=SUBMITTING,
         finished=False,

@@ -119,7 +119,7 @@ def list_webhooks() -> Response:
 def delete_webhook(endpoint_id: str) -> tuple[str, int]:
     endpoint = _own_endpoint(endpoint_id)
     endpoint.deleted_at = utcnow()  # kept, so its deliveries' history stays readable in the database
-    audit(WEBHOOK_DELETE, account=endpoint.account, target=endpoint.id)
+    audit(WEBHOOK_DELETE, account=principal().account, target=endpoint.id)  # _own_endpoint: the same
     db_session().commit()
     return "", 204
 

@@ -5,7 +5,9 @@ resumes it. Each billing pass reads every node's state and reason (``sinfo
 --json``) and records a drain it has not seen (``node_health_events``, unique
 per node and the time Slurm set the reason, so a later pass, or the same drain
 seen again, adds nothing), with an email to ``operator_email`` in the spend
-alerts' outbox (``gpupool email send-due`` sends it). A recorded drain whose
+alerts' outbox (``gpupool email send-due`` sends it), and a ``node.drained``
+event to ``operator_webhook_url`` in the webhooks' (``gpupool webhooks run``
+sends it, signed as customers' events are). A recorded drain whose
 node is back in service, or drained since for another reason, gets its
 ``resumed_at``: the operator report's hours drained.
 """
@@ -18,10 +20,13 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.clock import utc_text
 from gpupool.config import Settings
 from gpupool.models import EmailOutbox, NodeHealthEvent
 from gpupool.models.alerts import EMAIL_PENDING
 from gpupool.slurm.report import NodeReason
+from gpupool.webhooks.events import NODE_DRAINED
+from gpupool.webhooks.operator import enqueue_operator_event
 
 GPU_REASON_PREFIX = "gpu: "
 
@@ -39,11 +44,21 @@ def email_text(node: NodeReason) -> tuple[str, str]:
     body = (
         f"gpupool-gpu-check drained node {node.name} at {node.reason_changed_at:%Y-%m-%d %H:%M:%S} UTC:\n\n"
         f"    {node.reason}\n\n"
-        "No new jobs start there. Jobs that held the failed GPU were ended (spot jobs requeued) and their runs\n"
+        "No new jobs start there. Jobs that held the failed GPU were ended (those that asked for requeue_on_failure,\n"
+        "and spot jobs, requeued onto healthy nodes) and their runs\n"
         "are credited by the billing pass. The node stays drained until you resume it, once the GPU is sound\n"
         f"or replaced:\n\n    gpupool node resume {node.name}\n"
     )
     return subject, body
+
+
+def drain_payload(node: NodeReason) -> dict[str, str]:
+    """A node.drained event's ``data.node``: which node, why (Slurm's reason), since when, and how it comes back."""
+    assert node.reason_changed_at is not None
+    return {
+        "name": node.name, "reason": node.reason, "drained_at": utc_text(node.reason_changed_at),
+        "resume_with": f"gpupool node resume {node.name}",
+    }
 
 
 def record_drains(
@@ -70,6 +85,7 @@ def record_drains(
         session.add(NodeHealthEvent(
             node=node.name, reason=node.reason, drained_at=node.reason_changed_at, seen_at=now, billing_pass_id=pass_id,
         ))
+        enqueue_operator_event(session, settings, NODE_DRAINED, now, {"node": drain_payload(node)})
         if settings.smtp_host and settings.operator_email:
             subject, body = email_text(node)
             session.add(EmailOutbox(

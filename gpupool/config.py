@@ -47,6 +47,7 @@ CONTAINER_RUNTIMES = ("none", "pyxis", "docker")
 # they never sit in an environment that child processes inherit.
 CREDENTIAL_FIELDS = (
     "database_url", "billing_database_url", "jwt_secret", "web_session_secret", "ratelimit_storage_uri", "session_proxy_key",
+    "operator_webhook_secret",
 )
 # Each idle check recounts the idle GPU-seconds of the last hour from its samples, and the
 # samples up to one 5-minute gap before it (gpupool.gpu_usage.idle_time): an hour and two gaps.
@@ -175,6 +176,11 @@ class Settings:
     smtp_from: str = "gpupool@localhost"
     # The operator's address: told of each node the GPU check drains (billing.node_health). Empty: no email.
     operator_email: str = ""
+    # The operator's webhook: each drain (billing.node_health) also goes there as a node.drained
+    # event, through the customers' outbox and sender, signed with the secret as theirs are
+    # (Gpupool-Signature). The operator's own receiver: not held to webhook_allow_cidrs. Empty: none.
+    operator_webhook_url: str = ""
+    operator_webhook_secret: str = ""
     smtp_timeout_s: float = 10.0
     # First retry after this, doubling up to an hour; given up after this many attempts.
     email_backoff_s: float = 30.0
@@ -288,6 +294,10 @@ class Settings:
             raise ConfigError("ratelimit_storage_timeout_s must be positive")
         if self.webhook_timeout_s <= 0:
             raise ConfigError("webhook_timeout_s must be positive")
+        if self.operator_webhook_url and not re.fullmatch(r"https?://[!-~]+", self.operator_webhook_url):
+            raise ConfigError(f"operator_webhook_url must be an http(s) URL, not {self.operator_webhook_url!r}")
+        # No check that the secret is there: only the webhook sender holds it (its credential); billing,
+        # which enqueues, has the URL alone. A sender without it records each attempt as failed, and says why.
         if not 0 < self.webhook_concurrency_per_account <= self.webhook_concurrency:
             raise ConfigError("webhook_concurrency_per_account must be positive and at most webhook_concurrency")
         if self.runas_timeout_s <= 0 or self.runas_max_connections <= 0:

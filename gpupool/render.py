@@ -76,6 +76,8 @@ class JobSpec:
     array: ArraySpec | None = None
     # A spot job: the QOS any full-price job may preempt; requeued when it is (its own runs' price tier).
     preemptible: bool = False
+    # Requeued onto a healthy node when the GPU check ends it (a spot job always is); else never requeued.
+    requeue_on_failure: bool = False
     # The account's storage (gpupool.storage), as $GPUPOOL_DATA; in a container it is mounted at /data.
     data_dir: str | None = None
 
@@ -227,6 +229,21 @@ def _container_mounts(spec: JobSpec) -> str:
     return container_mounts(spec.job_dir, spec.data_dir, spec.container_mounts)
 
 
+def _requeue_options(spec: JobSpec) -> tuple[str, ...]:
+    """Whether Slurm may requeue the job: ``squeue --json``'s ``requeue``, which the GPU check reads.
+
+    Spot: the QOS Slurm prices, preempts and requeues by. requeue_on_failure: requeued
+    when its GPU fails. --open-mode=append: each run's logs follow the last's, as Slurm
+    would truncate them at a requeue. Any other job says --no-requeue, as the site's
+    JobRequeue would otherwise requeue it (Slurm's default is 1).
+    """
+    if spec.preemptible:
+        return (f"--qos={SPOT_QOS}", "--requeue", f"--signal={SPOT_SIGNAL}", "--open-mode=append")
+    if spec.requeue_on_failure:
+        return ("--requeue", "--open-mode=append")
+    return ("--no-requeue",)
+
+
 def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
     """Every sbatch option, in the one order gpupool ever emits them."""
     options = [
@@ -239,8 +256,7 @@ def sbatch_options(spec: JobSpec) -> tuple[str, ...]:
         f"--mem={spec.mem_gb}G",
         f"--gres={gres(spec.gpus, spec.gpu_type)}",
         f"--time={spec.time_limit_min}",
-        # Spot: the QOS Slurm prices, preempts and requeues by; nothing else differs.
-        *((f"--qos={SPOT_QOS}", "--requeue", f"--signal={SPOT_SIGNAL}", "--open-mode=append") if spec.preemptible else ()),
+        *_requeue_options(spec),
     ]
     if spec.array is not None:
         options.append(f"--array={spec.array.option_value}")

@@ -38,7 +38,7 @@ def usage_view(job: Job) -> GpuUsageOut:
 _AS_STORED = (
     "name", "account", "template", "params", "slurm_job_id", "gpus", "gpu_type", "cpus", "mem_gb", "time_limit_min",
     "container_image", "node", "submitted_at", "started_at", "ended_at", "exit_code", "exit_signal", "end_reason",
-    "preemptible", "run_count",
+    "preemptible", "requeue_on_failure", "run_count",
 )
 
 

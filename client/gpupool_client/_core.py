@@ -135,6 +135,7 @@ class JobArgs(TypedDict, total=False):
     array: dict[str, Any] | int | None
     sweep: dict[str, list[Any]] | None
     preemptible: bool
+    requeue_on_failure: bool
 
 
 # The fields sent as given when they are not None.
@@ -152,6 +153,8 @@ def submit_body(template: str, **job: Unpack[JobArgs]) -> dict[str, Any]:
         body["sweep"] = {name: list(values) for name, values in sweep.items()}
     if job.get("preemptible"):
         body["preemptible"] = True
+    if job.get("requeue_on_failure"):
+        body["requeue_on_failure"] = True
     body.update({key: job[key] for key in _OPTIONAL_FIELDS if job.get(key) is not None})  # type: ignore[literal-required]
     return body
 

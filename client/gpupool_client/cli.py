@@ -111,6 +111,7 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         return 0
     asked = _job_args(args)
     asked["preemptible"] = args.preemptible
+    asked["requeue_on_failure"] = args.requeue_on_failure
     job = client.submit(args.template, **asked)
     if not (args.wait or args.follow):
         if args.json:
@@ -387,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--mem-gb", type=int)
     submit.add_argument("--time-limit", type=int, metavar="MINUTES")
     submit.add_argument("--preemptible", action="store_true", help="spot price; a full-price job may preempt (requeue) it")
+    submit.add_argument(
+        "--requeue-on-failure", action="store_true",
+        help="if a GPU under the job fails, run it again on a healthy node (the failed run is credited)",
+    )
     submit.add_argument("--wait", action="store_true", help="wait for the end; exit with the job's exit code")
     submit.add_argument("--follow", action="store_true", help="print the job's output as it runs (implies --wait)")
     submit.add_argument("--dry-run", action="store_true", help="submit nothing: print the worst-case cost and Slurm's start estimate")

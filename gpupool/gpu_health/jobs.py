@@ -4,8 +4,12 @@ A job on a lost GPU would crash, or hang until its time limit, billed all the
 while. So once the check names a failed GPU (``Finding.failed_gpu``), each
 running job holding it (``squeue --json``: every node's GRES indices) gets the
 failure in its AdminComment (``gpupool.gpu_health.failure``; billing credits
-the run by it), then is requeued when its QOS is one whose jobs Slurm requeues
-(spot: they come back on a healthy node), or cancelled otherwise.
+the run by it), then is requeued when it may be, or cancelled otherwise. A job
+may be requeued when Slurm says so (``squeue --json``'s ``requeue``: sbatch
+``--requeue``, which gpupool renders for ``requeue_on_failure`` and spot jobs,
+and ``--no-requeue`` for every other, as the site's JobRequeue would decide
+otherwise), or when its QOS is one whose jobs are requeued (spot); it comes
+back on a healthy node, as the drained one takes no new job.
 
 Which Slurm GRES index a GPU is: gres.conf's device files, in order, are the
 indices 0, 1, ...; the driver numbers /dev/nvidiaN in PCI bus order, as
@@ -40,6 +44,8 @@ class HeldGpus:
     job_id: int
     qos: str
     indices: frozenset[int]
+    # squeue --json's "requeue" (Slurm 22.05's job_info.requeue): Slurm may requeue the job.
+    requeue: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,9 @@ def held_gpus(squeue_json: str, node: str) -> list[HeldGpus]:
         for match in _GPU_IDX.finditer(detail):
             indices |= _index_list(match["spec"])
         if indices:
-            held.append(HeldGpus(int(job["job_id"]), str(job.get("qos") or ""), frozenset(indices)))
+            held.append(
+                HeldGpus(int(job["job_id"]), str(job.get("qos") or ""), frozenset(indices), job.get("requeue") is True)
+            )
     return held
 
 
@@ -111,5 +119,5 @@ def hits(
         finding = failed[under[0]]
         assert finding.failed_gpu is not None
         failure = GpuFailure(reason=finding.reason, node=node, gpu=finding.failed_gpu, at=now, xid=finding.xid)
-        ended.append(Hit(job.job_id, job.qos.lower() in requeue_qos, failure))
+        ended.append(Hit(job.job_id, job.requeue or job.qos.lower() in requeue_qos, failure))
     return ended, unknown

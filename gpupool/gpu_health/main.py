@@ -7,7 +7,7 @@ nothing and exits 0. Warnings: printed, exit 0. A failing verdict: the node is
 drained (``scontrol update nodename=<node> state=drain reason="gpu: ..."``) and
 the check exits 1; no new jobs start, and running jobs finish, but those holding
 a GPU that failed outright (lost, an Xid that drains, ...), which are ended at
-once, requeued where their QOS is requeued (``gpupool.gpu_health.jobs``). The check never
+once, requeued where the job allows it (``requeue_on_failure``, spot; ``gpupool.gpu_health.jobs``). The check never
 resumes a node: ``gpupool node resume <node>`` (or scontrol) does, once the
 operator is satisfied. A node already drained or down keeps the reason it has.
 
@@ -55,7 +55,8 @@ class CheckConfig:
     scancel: str = "/usr/bin/scancel"
     # False: a failed GPU drains the node and its jobs are left to end by themselves.
     end_jobs: bool = True
-    # Jobs of these QOS (comma-separated) are requeued, not cancelled, when their GPU fails.
+    # Jobs of these QOS (comma-separated) are requeued, not cancelled, when their GPU fails; so is
+    # any job Slurm may requeue (squeue's "requeue": sbatch --requeue, gpupool's requeue_on_failure).
     requeue_qos: str = "spot"
     kernel_log: str = "/dev/kmsg"
     boot_id_file: str = "/proc/sys/kernel/random/boot_id"

@@ -86,6 +86,11 @@ class Job(Base):
     task_states: Mapped[dict[str, int] | None] = mapped_column(JSON)
     # Asked for as spot: submitted to the spot QOS, which any full-price job may preempt (requeue).
     preemptible: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Asked for requeue_on_failure (a spot job always is): sbatch --requeue, so the GPU check
+    # requeues the job onto a healthy node when its GPU fails, rather than cancelling it.
+    # The database's default alone (no Python one): an INSERT that does not name it is one a database
+    # from before migration 0031 takes too (tests/billing/test_spend_totals.py inserts at 0024).
+    requeue_on_failure: Mapped[bool] = mapped_column(server_default=false())
     # Runs Slurm has started so far (a preempted job runs again after its requeue).
     run_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Idle GPUs (gpupool.gpu_usage.idle): since when every GPU of the running job has been under its

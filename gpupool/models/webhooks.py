@@ -25,13 +25,17 @@ CANCELLED = "cancelled"  # its endpoint was deleted first
 
 
 class WebhookEndpoint(Base):
-    """Where an account wants events sent; ``job_id`` set: a submit's ``callback_url``, for that job only."""
+    """Where an account wants events sent; ``job_id`` set: a submit's ``callback_url``, for that job only.
+
+    No account: the operator's own endpoint (``gpupool.webhooks.operator``), whose URL and secret
+    the sender takes from the site's settings, never from this row.
+    """
 
     __tablename__ = "webhook_endpoints"
     __table_args__ = (Index("ix_webhook_endpoints_account", "account", "deleted_at"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
-    account: Mapped[str] = mapped_column(ForeignKey("accounts.name"))
+    account: Mapped[str | None] = mapped_column(ForeignKey("accounts.name"))
     # A job row dropped because Slurm never took it takes its callback along.
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
     url: Mapped[str] = mapped_column(Text)
@@ -52,7 +56,8 @@ class WebhookEvent(Base):
     __tablename__ = "webhook_events"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    account: Mapped[str] = mapped_column(ForeignKey("accounts.name"))
+    # None: an event for the operator (node.drained), about no account.
+    account: Mapped[str | None] = mapped_column(ForeignKey("accounts.name"))
     # None: an account-level event (budget.threshold), about no job.
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), index=True)
     type: Mapped[str] = mapped_column(String(32))

@@ -19,3 +19,7 @@ BUDGET_FORECAST = "budget.forecast"
 ACCOUNT_EVENT_TYPES = (BUDGET_THRESHOLD, BUDGET_FORECAST)
 # Every type an endpoint may ask for; api.schemas.WebhookEventType spells the same list for pydantic.
 EVENT_TYPES = JOB_EVENT_TYPES + ACCOUNT_EVENT_TYPES
+# For the operator alone (gpupool.webhooks.operator), never an account's endpoint: the GPU check
+# drained a node (billing.node_health, once per drain).
+NODE_DRAINED = "node.drained"
+OPERATOR_EVENT_TYPES = (NODE_DRAINED,)

@@ -44,6 +44,7 @@ from gpupool.models.webhooks import (
     WebhookEvent,
 )
 from gpupool.webhooks.destinations import check_destination, url_origin
+from gpupool.webhooks.operator import OPERATOR_SHARE_KEY
 from gpupool.webhooks.transport import AttemptDeadline, DeadlineTransport, attempt_deadline
 
 # The package's name, as the sender's log lines have always carried it.
@@ -67,6 +68,8 @@ class Claimed:
     secret: str
     endpoint_deleted: bool
     body: bytes
+    # The operator's endpoint (no account): its URL is the site's setting, not a customer's choice.
+    operator: bool
     event_id: str
     event_type: str
     event_created_at: dt.datetime
@@ -100,6 +103,9 @@ class WebhookSender:
         self._sessions = session_factory
         self._settings = settings
         self._allow = allowed_networks(settings.webhook_allow_cidrs, "webhook_allow_cidrs")
+        # The operator's own receiver may be on the site's network: every address is allowed for it,
+        # still resolved once and pinned as any other.
+        self._allow_operator = allowed_networks(("0.0.0.0/0", "::/0"), "operator_webhook_url")
         self._http = httpx.Client(
             timeout=httpx.Timeout(settings.webhook_timeout_s),
             follow_redirects=False,  # a redirect could point anywhere: it counts as a failed attempt
@@ -195,21 +201,28 @@ class WebhookSender:
                 .limit(most)
                 .with_for_update(skip_locked=True, of=WebhookDelivery)
             )
-            if busy:
-                query = query.where(WebhookEndpoint.account.not_in(busy))
+            busy_accounts = [account for account in busy if account != OPERATOR_SHARE_KEY]
+            if busy_accounts:
+                query = query.where(WebhookEndpoint.account.is_(None) | WebhookEndpoint.account.not_in(busy_accounts))
+            if OPERATOR_SHARE_KEY in busy:
+                query = query.where(WebhookEndpoint.account.is_not(None))
             claimed = []
             for delivery, endpoint in session.execute(query).all():
-                if in_flight[endpoint.account] >= share:
+                operator = endpoint.account is None
+                key = OPERATOR_SHARE_KEY if endpoint.account is None else endpoint.account
+                if in_flight[key] >= share:
                     continue  # left due, unclaimed: the next free slot of its account takes it
-                in_flight[endpoint.account] += 1
+                in_flight[key] += 1
                 delivery.next_attempt_at = now + self._claim_for
                 event = session.get(WebhookEvent, delivery.event_id)
                 assert event is not None  # foreign key
                 claimed.append(
                     Claimed(
-                        delivery_id=delivery.id, account=endpoint.account, url=endpoint.url, secret=endpoint.secret,
+                        delivery_id=delivery.id, account=key,
+                        url=self._settings.operator_webhook_url if operator else endpoint.url,
+                        secret=self._settings.operator_webhook_secret if operator else endpoint.secret,
                         endpoint_deleted=endpoint.deleted_at is not None, body=event_body(event.payload),
-                        event_id=event.id, event_type=event.type, event_created_at=event.created_at,
+                        event_id=event.id, event_type=event.type, event_created_at=event.created_at, operator=operator,
                     )
                 )
             return claimed
@@ -226,9 +239,12 @@ class WebhookSender:
                 ok, error = False, f"no complete answer within the {deadline.seconds:g} s deadline"
             return Outcome(ok, status, error, excerpt, int((time.monotonic() - started) * 1000))
 
+        if item.operator and not (item.url and item.secret):
+            # Retried as any failure: the operator may set it within the retry window.
+            return Outcome(False, None, "operator_webhook_url and operator_webhook_secret are not set on the sender", None, 0)
         try:
             # Again: DNS may have changed since registration. The resolver's own timeouts bound this.
-            destination = check_destination(item.url, self._allow)
+            destination = check_destination(item.url, self._allow_operator if item.operator else self._allow)
         except WebhookUrlRefused as exc:
             return Outcome(False, None, f"refused before sending: {exc.message}", None, int((time.monotonic() - started) * 1000))
         headers = {

@@ -62,6 +62,9 @@ def test_malformed_bodies(client: FlaskClient, auth: dict[str, str], data: str, 
         ({"time_limit_min": 10**6}, "time_limit_min"),
         ({"container_image": "ubuntu:22.04"}, "without containers"),
         ({"container_image": "nvcr.io#nvidia/pytorch:24.01-py3;rm"}, "container_image"),
+        ({"requeue_on_failure": True, "array": {"count": 2}}, "cannot ask for requeue_on_failure"),
+        ({"requeue_on_failure": True, "params": {"message": "hi"}, "sweep": {"seconds": [1, 2]}}, "cannot ask for requeue_on_failure"),
+        ({"requeue_on_failure": [True]}, "requeue_on_failure"),
     ],
 )
 def test_invalid_values_get_422(client: FlaskClient, auth: dict[str, str], changes: dict, needle: str) -> None:

@@ -14,18 +14,24 @@ import io
 import json
 from collections.abc import Mapping
 
+import pytest
+from gpupool_client import InvalidSignature, verify_signature
 from sqlalchemy import select
 
+from api.event_schemas import validate_event
 from billing import passes
 from billing.report import build_report
 from billing.sacct import PASS_FIELDS
 from gpupool import audit
 from gpupool.gpu_health.failure import GpuFailure
 from gpupool.models import Adjustment, EmailOutbox, Job, NodeHealthEvent, WebhookEndpoint, WebhookEvent
+from gpupool.models.webhooks import WebhookDelivery
 from gpupool.proc import CommandResult
 from gpupool.slurm.client import SlurmClient
+from gpupool.webhooks.sender import WebhookSender
 from tests.billing.conftest import RTX4090_NANOS, LedgerDb
 from tests.billing.test_report_invoices import NoCluster
+from tests.support.receiver import serve_webhooks
 
 
 def utc(text: str) -> dt.datetime:
@@ -50,7 +56,8 @@ RUNS = [
 class Sacct:
     """sacct as the pass asks it: the window's runs, then the AdminComment of the runs a failure may have ended."""
 
-    def __init__(self) -> None:
+    def __init__(self, runs: list[tuple[int, str, str, str, str, str]] = RUNS) -> None:
+        self.runs = runs
         self.asked_for_comments: list[str] = []
         self.nodes: list[dict[str, object]] = []  # sinfo --json's nodes, Slurm 22.05's shape
 
@@ -63,10 +70,10 @@ class Sacct:
             self.asked_for_comments.append(jobs)
             wanted = {int(job) for job in jobs.split(",")}
             lines = [d.join(["JobIDRaw", "Start", "AdminComment"])]
-            lines += [d.join([str(job), start, comment]) for job, _, start, _, _, comment in RUNS if job in wanted]
+            lines += [d.join([str(job), start, comment]) for job, _, start, _, _, comment in self.runs if job in wanted]
             return CommandResult(tuple(argv), 0, "\n".join(lines) + "\n", "", 0.0)
         lines = [d.join(PASS_FIELDS)]
-        for job, state, start, end, qos, _ in RUNS:
+        for job, state, start, end, qos, _ in self.runs:
             elapsed = int((utc(end) - utc(start)).total_seconds())
             lines.append(d.join([
                 "gpupool", str(job), str(job), "acme", "gp-acme", state, start, start, end, str(elapsed),
@@ -148,6 +155,42 @@ def test_a_run_a_failed_gpu_ended_is_credited_once_with_its_reason_and_the_owner
     ledger_db.assert_spend_exact()
 
 
+def test_a_full_price_job_that_asked_for_requeue_has_its_failed_run_credited_and_its_next_run_billed(
+    ledger_db: LedgerDb,
+) -> None:
+    ledger_db.add_account("acme")
+    add_job(ledger_db, "job-45", 45)
+    # requeue_on_failure: the check requeued the full-price job (sbatch --requeue), which then completed elsewhere.
+    sacct = Sacct([
+        (45, "REQUEUED", "2026-11-03T00:00:00", "2026-11-03T01:00:00", "normal", XID_79.comment()),
+        (45, "COMPLETED", "2026-11-03T01:02:00", "2026-11-03T01:32:00", "normal", XID_79.comment()),
+    ])
+
+    report = bill(ledger_db, sacct)
+
+    assert report.credits == 1
+    assert credits(ledger_db) == [
+        ("2026-11", -3600 * RTX4090_NANOS, "gpu_failure_credit",
+         "automatic credit: job 45 ended by a GPU failure (gpu_failure: Xid 79 on 0000:41:00.0 (node gpu1))"),
+    ]
+    lines = list(csv.reader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-").stdout)))
+    header = lines[0]
+    charged = sorted(line[header.index("amount")] for line in lines[1:] if line[0] == "job")
+    adjustments = [line[header.index("amount")] for line in lines[1:] if line[0] == "adjustment"]
+    assert charged == ["0.22", "0.43"]  # both runs charged: the failed hour, and the half hour after the requeue
+    assert adjustments == ["-0.43"]  # the failed run alone is credited back
+    with ledger_db.sessions() as session:
+        [event] = session.scalars(select(WebhookEvent)).all()
+        job = session.get(Job, "job-45")
+        assert job is not None
+        # The job went on and completed: no gpu_failure end_reason for what the customer sees last.
+        assert job.end_reason is None
+    assert event.type == "job.failed"
+    assert event.payload["data"]["gpu_failure"]["requeued"] is True
+    assert event.payload["data"]["run_started_at"] == "2026-11-03T00:00:00Z"
+    ledger_db.assert_spend_exact()
+
+
 def test_the_site_can_switch_the_automatic_gpu_credit_off(ledger_db: LedgerDb) -> None:
     ledger_db.add_account("acme")
     sacct = Sacct()
@@ -187,7 +230,10 @@ def node(state: str, flags: list[str], reason: str, at: str | None) -> dict[str,
 def test_a_gpu_drain_is_recorded_and_mailed_to_the_operator_once_and_its_end_noted(ledger_db: LedgerDb) -> None:
     ledger_db.add_account("acme")
     sacct = Sacct()
-    operator = {"smtp_host": "smtp.example.com", "operator_email": "ops@example.com"}
+    operator = {
+        "smtp_host": "smtp.example.com", "operator_email": "ops@example.com",
+        "operator_webhook_url": "https://ops.example.com/gpupool", "operator_webhook_secret": "o" * 32,
+    }
     sacct.nodes = [node("mixed", ["DRAIN"], "gpu: Xid 79 on 0000:41:00.0", "2026-11-03T01:00:00"),
                    {**node("idle", [], "", None), "name": "gpu2"}]
 
@@ -208,6 +254,19 @@ def test_a_gpu_drain_is_recorded_and_mailed_to_the_operator_once_and_its_end_not
         ("gpu1", "gpu: Xid 79 on 0000:41:00.0", utc("2026-11-03T01:00:00"), utc("2026-11-03T14:00:00")),
         ("gpu1", "gpu: nvidia-smi hung (no answer within its timeout)", utc("2026-11-03T15:00:00"), None),
     ]
+    with ledger_db.sessions() as session:
+        hooks = session.execute(
+            select(WebhookEvent.account, WebhookEvent.type, WebhookEvent.payload, WebhookDelivery.endpoint_id)
+            .join(WebhookDelivery, WebhookDelivery.event_id == WebhookEvent.id)
+        ).all()
+    # The operator's webhook: the first drain once, as node.drained; the second drain's site set none.
+    [(hook_account, hook_type, payload, endpoint_id)] = hooks
+    assert (hook_account, hook_type, endpoint_id) == (None, "node.drained", "operator")
+    assert payload["data"] == {"node": {
+        "name": "gpu1", "reason": "gpu: Xid 79 on 0000:41:00.0", "drained_at": "2026-11-03T01:00:00Z",
+        "resume_with": "gpupool node resume gpu1",
+    }}
+    validate_event(payload)
     [(account, recipient, subject, body)] = mail
     assert (account, recipient, subject) == (None, "ops@example.com", "gpupool: node gpu1 drained, gpu: Xid 79 on 0000:41:00.0")
     assert "gpupool node resume gpu1" in body
@@ -220,3 +279,25 @@ def test_a_gpu_drain_is_recorded_and_mailed_to_the_operator_once_and_its_end_not
     assert [line.model_dump() for line in report.node_health] == [
         {"node": "gpu1", "drains": 2, "hours_drained": "14.00", "runs_credited": 2, "credited": "0.65"},
     ]
+
+
+def test_the_sender_posts_the_drain_to_the_operators_receiver_signed_with_the_sites_secret(ledger_db: LedgerDb) -> None:
+    ledger_db.add_account("acme")
+    sacct = Sacct()
+    sacct.nodes = [node("mixed", ["DRAIN"], "gpu: Xid 79 on 0000:41:00.0", "2026-11-03T01:00:00")]
+    with serve_webhooks() as receiver:
+        # On loopback, which no customer's endpoint may use (webhook_allow_cidrs is empty): the operator's own URL may.
+        site = {"operator_webhook_url": receiver.base + "/ops", "operator_webhook_secret": "o" * 32}
+        bill(ledger_db, sacct, **site)
+        sender = WebhookSender(ledger_db.sessions, ledger_db.settings.replace(**site))
+        try:
+            assert sender.run_once() == 1
+            assert sender.run_once() == 0  # delivered: once per drain
+        finally:
+            sender.close()
+        [delivery] = receiver.at("/ops")
+    body = verify_signature(delivery.body, delivery.headers["Gpupool-Signature"], "o" * 32)
+    assert (delivery.headers["Gpupool-Event-Type"], body["type"]) == ("node.drained", "node.drained")
+    assert body["data"]["node"]["reason"] == "gpu: Xid 79 on 0000:41:00.0"
+    with pytest.raises(InvalidSignature):
+        verify_signature(delivery.body, delivery.headers["Gpupool-Signature"], "x" * 32)

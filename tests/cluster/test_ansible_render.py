@@ -632,6 +632,50 @@ def test_an_smtp_password_in_a_file_of_the_environment_is_refused(repo_root: Pat
     assert "Give the SMTP password as gpupool_api_smtp_password" in output, output
 
 
+def test_the_operator_is_told_by_email_and_webhook_set_in_group_vars_and_the_secret_is_the_senders_alone(
+        repo_root: Path, tmp_path: Path) -> None:
+    inventory = example_copy(repo_root, tmp_path)
+    with (inventory / "group_vars" / "api.yml").open("a") as api_vars:
+        api_vars.write(
+            "gpupool_api_operator_email: ops@example.com\n"
+            "gpupool_api_operator_webhook_url: https://alerts.example.com/gpupool\n"
+            "gpupool_api_operator_webhook_secret: render-operator-webhook-secret\n"
+        )
+    out = tmp_path / "out"
+    ansible_dir = repo_root / "deploy" / "ansible"
+    run_playbook(ansible_dir, str(inventory), "tests/render.yml", *render_arguments(ansible_dir, out, "--tags", "api"))
+    environment = dict(line.split("=", 1) for line in config_lines((out / "ctl1" / "etc/gpupool/gpupool.env").read_text()))
+    # Every unit's settings: billing enqueues the drain's email and node.drained, the senders send them.
+    assert environment["GPUPOOL_OPERATOR_EMAIL"] == '"ops@example.com"'
+    assert environment["GPUPOOL_OPERATOR_WEBHOOK_URL"] == '"https://alerts.example.com/gpupool"'
+    assert "GPUPOOL_OPERATOR_WEBHOOK_SECRET" not in environment
+    credentials = out / "ctl1" / "etc/gpupool/credentials"
+    service = unit_settings((out / "ctl1" / "etc/systemd/system/gpupool-webhooks.service").read_text())["Service"]
+    secret = credentials / "webhooks" / "operator_webhook_secret"
+    assert service["LoadCredential"] == [
+        f"database_url:{credentials / 'webhooks' / 'database_url'}", f"operator_webhook_secret:{secret}",
+    ]
+    assert secret.read_text() == "render-operator-webhook-secret"
+    assert secret.stat().st_uid == 0 and stat.S_IMODE(secret.stat().st_mode) == 0o600
+    holders = [path for path in (out / "ctl1").rglob("*")
+               if path.is_file() and "render-operator-webhook-secret" in path.read_text(errors="replace")]
+    assert holders == [secret]
+
+
+def test_the_example_tells_the_operator_nothing_it_was_not_given(rendered: Rendered) -> None:
+    environment = rendered.text("ctl1", "etc/gpupool/gpupool.env")
+    assert "GPUPOOL_OPERATOR_" not in environment
+    assert not rendered.path("ctl1", "etc/gpupool/credentials/webhooks/operator_webhook_secret").exists()
+
+
+def test_an_operator_webhook_without_its_secret_is_refused(repo_root: Path, tmp_path: Path) -> None:
+    output = render_refused(
+        repo_root / "deploy" / "ansible", tmp_path, "--tags", "api", "-e",
+        json.dumps({"gpupool_api_operator_webhook_url": "https://alerts.example.com/gpupool"}),
+    )
+    assert "given with gpupool_api_operator_webhook_secret" in output, output
+
+
 def test_redis_asks_for_a_password_only_the_api_holds(rendered: Rendered) -> None:
     conf = rendered.path("ctl1", "etc/redis/gpupool.conf")
     info = conf.stat()

@@ -15,10 +15,12 @@ credits its run (the invoice's charge and credit net to zero), the job's
 end_reason says gpu_failure, and job.failed is enqueued for its webhook.
 
 The pass also records the drain once for the operator (node_health_events).
-A spot job on the failed GPU is requeued instead, and its failed run credited.
-Not here: the operator's email (tests/billing/test_gpu_failure_credits.py has
-it), a webhook to the operator (not built), and the multinode
-tier's requeue of a spot job onto a healthy node (tests/multinode, not written).
+and, with operator_webhook_url set, enqueues its node.drained for the operator's
+webhook. A spot job on the failed GPU is requeued instead, and so is a
+full-price job submitted with requeue_on_failure (sbatch --requeue); either's
+failed run is credited. Not here: the operator's email and the sender's POST of
+node.drained (tests/billing/test_gpu_failure_credits.py has them), and the
+multinode tier's requeue onto a healthy node (tests/multinode, not written).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from tests.conftest import wait_for_state
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 CHECK_CONFIG = Path("/etc/slurm/gpupool-gpu-check.json")
+# The check's modules as the playbook copied them to the node (slurm_compute_gpu_check_lib_dir).
+INSTALLED_JOBS_MODULE = Path("/usr/local/lib/gpupool-gpu-check/gpupool/gpu_health/jobs.py")
 LOST = "Unable to determine the device handle for GPU0000:{bus}: GPU is lost.  Reboot the system to recover this GPU\n"
 
 
@@ -205,7 +209,9 @@ def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_bri
         delimiter = unpredictable_delimiter()
         [failure] = read_gpu_failures(slurm.admin_comments([slurm_job_id], delimiter), delimiter).values()
 
-        archive = settings.replace(billing_archive_dir=str(tmp_path / "archive"))
+        archive = settings.replace(
+            billing_archive_dir=str(tmp_path / "archive"), operator_webhook_url="https://alerts.example.com/gpupool",
+        )
         first = passes.run_pass(session_factory, slurm, archive, since=since)
         again = passes.run_pass(session_factory, slurm, archive, since=since)
 
@@ -230,6 +236,9 @@ def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_bri
         with session_factory() as session:
             drains = session.execute(select(NodeHealthEvent.node, NodeHealthEvent.reason, NodeHealthEvent.resumed_at)).all()
         assert [tuple(drain) for drain in drains] == [(node.name, reason, None)]
+        with session_factory() as session:
+            told = session.scalars(select(WebhookEvent).where(WebhookEvent.type == "node.drained")).all()
+        assert [(event.account, event.payload["data"]["node"]["reason"]) for event in told] == [(None, reason)]
 
         node.answer_healthy()
         assert resume_with_the_cli(settings, session_factory, node.name, monkeypatch) == 0
@@ -241,16 +250,20 @@ def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_bri
         client.delete(f"/jobs/{job_id}", headers=auth)
 
 
-def test_a_spot_job_on_a_gpu_that_fails_is_requeued_and_its_failed_run_credited(
+@pytest.mark.parametrize("asked", [{"preemptible": True}, {"requeue_on_failure": True}], ids=["spot", "requeue_on_failure"])
+def test_a_job_that_may_be_requeued_is_requeued_off_a_gpu_that_fails_and_its_failed_run_credited(
     node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], account: str, settings: Settings,
-    session_factory: sessionmaker, tmp_path: Path,
+    session_factory: sessionmaker, tmp_path: Path, asked: dict[str, bool],
 ) -> None:
+    if "requeue_on_failure" in asked and '"requeue"' not in INSTALLED_JOBS_MODULE.read_text():
+        pytest.skip(f"{INSTALLED_JOBS_MODULE} predates requeue_on_failure (make cluster installs this checkout's check)")
     node.answer_healthy()
     since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
     add_endpoint(session_factory, account)
     created = client.post("/submit", headers=auth, json={
-        "template": "hello", "gpus": len(node.devices), "preemptible": True, "params": {"message": "spot", "seconds": 600},
+        "template": "hello", "gpus": len(node.devices), **asked, "params": {"message": "requeue", "seconds": 600},
     }).get_json()
+    assert all(created[key] is True for key in asked), created
     job_id = created["job_id"]
     try:
         wait_for_state(client, job_id, auth, {"RUNNING"}, timeout_s=60)
@@ -268,7 +281,8 @@ def test_a_spot_job_on_a_gpu_that_fails_is_requeued_and_its_failed_run_credited(
 
         assert first.credits >= 1
         body = client.get(f"/jobs/{job_id}", headers=auth).get_json()
-        # The job goes on (requeued: COMPLETING, then PREEMPTED until it runs again), and has no end to explain.
+        # The job goes on (requeued: COMPLETING, then PREEMPTED for spot, PENDING otherwise, until it runs again),
+        # and has no end to explain.
         assert body["end_reason"] is None and body["state"] not in ("CANCELLED", "COMPLETED", "FAILED"), body
         with session_factory() as session:
             [event] = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed"))

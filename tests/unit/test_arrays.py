@@ -72,8 +72,8 @@ def test_array_option_and_per_task_logs() -> None:
     assert "--array=0-19%2" in options
     assert f"--output={JOB_DIR}/stdout-%a.log" in options
     assert f"--error={JOB_DIR}/stderr-%a.log" in options
-    # In the fixed order: after the time limit, before the folder.
-    assert options.index("--array=0-19%2") == options.index("--time=5") + 1
+    # In the fixed order: after the time limit (and whether Slurm may requeue it), before the folder.
+    assert options.index("--array=0-19%2") == options.index("--no-requeue") + 1 == options.index("--time=5") + 2
     assert "--array=0-4" in render(spec(ArraySpec(count=5))).options
 
 

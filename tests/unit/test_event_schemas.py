@@ -10,14 +10,16 @@ from pydantic import ValidationError
 from api.event_schemas import EVENTS, validate_event
 from api.openapi import openapi_document
 from api.schemas import WebhookEventType
-from gpupool.webhooks.events import ACCOUNT_EVENT_TYPES, EVENT_TYPES, JOB_EVENT_TYPES
+from gpupool.webhooks.events import ACCOUNT_EVENT_TYPES, EVENT_TYPES, JOB_EVENT_TYPES, OPERATOR_EVENT_TYPES
 
 
 def test_every_event_type_is_accepted_at_registration_and_documented() -> None:
     assert get_args(WebhookEventType) == EVENT_TYPES == JOB_EVENT_TYPES + ACCOUNT_EVENT_TYPES
-    assert set(EVENTS) == set(EVENT_TYPES)
+    # The operator's events are documented too, but no account's endpoint may ask for them.
+    assert set(EVENTS) == set(EVENT_TYPES + OPERATOR_EVENT_TYPES)
+    assert not set(OPERATOR_EVENT_TYPES) & set(EVENT_TYPES)
     document = openapi_document({})
-    assert set(document["webhooks"]) == set(EVENT_TYPES)
+    assert set(document["webhooks"]) == set(EVENT_TYPES + OPERATOR_EVENT_TYPES)
     for event, (model, _) in EVENTS.items():
         post = document["webhooks"][event]["post"]
         assert post["requestBody"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{model.__name__}"}

@@ -339,12 +339,16 @@ class Node:
     def run(self) -> int:
         return main(["--config", str(self.config)])
 
-    def running(self, *jobs: tuple[int, str, str]) -> None:
-        """Jobs (id, QOS, GRES detail on gpu1) squeue lists as running on the node, beside one on another node."""
-        listed = [{"job_id": job_id, "job_state": "RUNNING", "nodes": "gpu1", "qos": qos, "gres_detail": [detail]}
-                  for job_id, qos, detail in jobs]
+    def running(self, *jobs: tuple[int, str, str] | tuple[int, str, str, bool]) -> None:
+        """Jobs (id, QOS, GRES detail on gpu1[, requeue]) squeue lists as running on the node, beside one on another node.
+
+        ``requeue``: squeue --json's own flag (Slurm 22.05, openapi v0.0.38's job dump: ``job->requeue``),
+        true for a job submitted with sbatch --requeue; false (--no-requeue) when not given.
+        """
+        listed = [{"job_id": job[0], "job_state": "RUNNING", "nodes": "gpu1", "qos": job[1], "gres_detail": [job[2]],
+                   "requeue": job[3] if len(job) > 3 else False} for job in jobs]
         listed.append({"job_id": 99, "job_state": "RUNNING", "nodes": "gpu2", "qos": "normal",
-                       "gres_detail": ["gpu:rtx3090:2(IDX:0-1)"]})
+                       "gres_detail": ["gpu:rtx3090:2(IDX:0-1)"], "requeue": True})
         self.queue.write_text(json.dumps({"jobs": listed}))
 
     def commands(self) -> list[str]:
@@ -538,6 +542,22 @@ def test_an_xid_79_ends_the_jobs_on_that_gpu_and_leaves_the_healthy_gpus_jobs_ru
     assert requeue_13 == "requeue 13"  # spot: Slurm requeues it onto a healthy node
 
 
+def test_a_job_slurm_may_requeue_is_requeued_whatever_its_qos(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.run()
+    node.smi_output.write_text("Unable to determine the device handle for GPU0000:4A:00.0: GPU is lost.\n")
+    # 14 asked for requeue_on_failure (sbatch --requeue); 15 did not (--no-requeue); both full price.
+    node.running((14, "normal", "gpu:rtx3090:1(IDX:1)", True), (15, "normal", "gpu:rtx3090:1(IDX:1)", False))
+
+    assert node.run() == 1
+
+    [_drain, comment_14, requeue_14, comment_15, cancel_15] = node.commands()
+    assert comment_14.startswith("update jobid=14 admincomment=gpu_failure: 0000:4a:00.0 is lost")
+    assert requeue_14 == "requeue 14"
+    assert comment_15.startswith("update jobid=15 admincomment=gpu_failure: ")
+    assert cancel_15 == "scancel 15"
+
+
 def test_a_missing_device_file_ends_the_jobs_holding_that_gpu_by_its_gres_index(tmp_path: Path) -> None:
     node = Node(tmp_path)
     (tmp_path / "nvidia-smi").unlink()
@@ -580,11 +600,12 @@ def test_held_gpus_reads_each_nodes_indices_of_a_multinode_job() -> None:
         {"job_id": 7, "job_state": "RUNNING", "nodes": "gpu[1-2]", "qos": "normal",
          "gres_detail": ["gpu:rtx4090:2(IDX:0-1)", "gpu:rtx4090:1(IDX:3)"]},
         {"job_id": 8, "job_state": "PENDING", "nodes": "", "qos": "normal", "gres_detail": []},
-        {"job_id": 9, "job_state": "RUNNING", "nodes": "gpu2", "qos": "normal", "gres_detail": ["gpu:a:1(IDX:0),gpu:b:1(IDX:2)"]},
+        {"job_id": 9, "job_state": "RUNNING", "nodes": "gpu2", "qos": "normal", "gres_detail": ["gpu:a:1(IDX:0),gpu:b:1(IDX:2)"],
+         "requeue": True},
     ]})
 
     assert jobs.held_gpus(listing, "gpu2") == [
-        jobs.HeldGpus(7, "normal", frozenset({3})), jobs.HeldGpus(9, "normal", frozenset({0, 2})),
+        jobs.HeldGpus(7, "normal", frozenset({3}), requeue=False), jobs.HeldGpus(9, "normal", frozenset({0, 2}), requeue=True),
     ]
 
 

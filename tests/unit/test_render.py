@@ -298,14 +298,37 @@ def test_golden_spot_job(hello: Template, runtime: str) -> None:
     # The spot options sit right after --time, and nothing else differs from the full-price job.
     full = render(make_spec(hello, runtime)).options
     assert [opt for opt in rendered.options if opt not in full] == ["--qos=spot", "--requeue", "--signal=B:TERM@30", "--open-mode=append"]
+    assert [opt for opt in full if opt not in rendered.options] == ["--no-requeue"]
     assert rendered.options.index("--qos=spot") == full.index(next(o for o in full if o.startswith("--time="))) + 1
     assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+
+
+@pytest.mark.parametrize("runtime", ["none", "pyxis"])
+def test_golden_requeue_on_failure_job(hello: Template, runtime: str) -> None:
+    rendered = render(make_spec(hello, runtime, requeue_on_failure=True))
+    check_golden(f"hello-requeue-{runtime}.sbatch", rendered.script)
+    check_golden(f"hello-requeue-{runtime}.options", "".join(opt + "\n" for opt in rendered.options))
+    # In --no-requeue's place: --requeue (squeue --json's requeue, which the GPU check reads), logs appended.
+    full = render(make_spec(hello, runtime)).options
+    time_at = full.index(next(o for o in full if o.startswith("--time=")))
+    assert full[time_at + 1] == "--no-requeue"
+    assert rendered.options == (*full[: time_at + 1], "--requeue", "--open-mode=append", *full[time_at + 2:])
+    # Spot's wrapper (which waits out a preemption's SIGTERM) is not there: the body runs as a full-price job's.
+    assert rendered.script.replace("#SBATCH --requeue\n#SBATCH --open-mode=append\n", "#SBATCH --no-requeue\n") == render(
+        make_spec(hello, runtime)
+    ).script
+    assert sbatch_script_directives(rendered.script) == expected_script_directives(rendered)
+    # A spot job that also asks is a spot job: its options already requeue it.
+    assert render(make_spec(hello, runtime, preemptible=True, requeue_on_failure=True)) == render(
+        make_spec(hello, runtime, preemptible=True)
+    )
 
 
 def test_goldens_have_no_strays() -> None:
     expected = {f"hello-{runtime}.{ext}" for runtime in RUNTIMES for ext in ("sbatch", "options")}
     expected |= {f"hello-sweep-{runtime}.{ext}" for runtime in SWEEP_RUNTIMES for ext in ("sbatch", "options")}
     expected |= {f"hello-spot-{runtime}.{ext}" for runtime in ("none", "pyxis") for ext in ("sbatch", "options")}
+    expected |= {f"hello-requeue-{runtime}.{ext}" for runtime in ("none", "pyxis") for ext in ("sbatch", "options")}
     expected |= {f"{name}.sbatch" for name in SESSION_GOLDENS}
     expected |= {f"{name}.sbatch" for name in COMMAND_GOLDENS}
     assert {path.name for path in GOLDEN_DIR.iterdir()} == expected
@@ -333,6 +356,7 @@ BASE_FLAGS = [
     "--mem",
     "--gres",
     "--time",
+    "--no-requeue",
     "--chdir",
     "--output",
     "--error",

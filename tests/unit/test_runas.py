@@ -63,6 +63,20 @@ def test_a_spot_job_passes_with_the_spot_qos_and_requeue(runtime: str) -> None:
     assert check(options) == options
 
 
+@pytest.mark.parametrize("runtime", ["none", "pyxis"])
+def test_a_requeue_on_failure_job_passes_with_requeue_alone(runtime: str) -> None:
+    options = list(rendered(runtime, requeue_on_failure=True).options)
+    assert {"--requeue", "--open-mode=append"} <= set(options)
+    assert "--no-requeue" not in options and not any(o.startswith(("--qos", "--signal")) for o in options)
+    assert check(options) == options
+
+
+def test_any_other_job_says_no_requeue() -> None:
+    options = rendered_options()
+    assert "--no-requeue" in options and "--requeue" not in options
+    assert check(options) == options
+
+
 def replaced(name: str, value: str | None) -> Callable[[list[str]], list[str]]:
     """The options with ``name``'s value changed (None: ``name`` left out)."""
     def change(options: list[str]) -> list[str]:
@@ -85,7 +99,8 @@ def replaced(name: str, value: str | None) -> Callable[[list[str]], list[str]]:
         (lambda opts: [*opts, "--qos=spot", "--requeue", "--signal=KILL@1", "--open-mode=append"], "--signal='KILL@1' is not a value"),
         (lambda opts: [*opts, "--qos=spot", "--requeue", "--signal=B:TERM@30", "--open-mode=truncate"], "is not a value"),
         (lambda opts: [*opts, "--qos=spot"], "a spot job carries all of --open-mode, --qos, --requeue, --signal"),
-        (lambda opts: [*opts, "--requeue"], "a spot job carries all of --open-mode, --qos, --requeue, --signal"),
+        (lambda opts: [*opts, "--requeue"], "a job Slurm may requeue carries both of --open-mode, --requeue"),
+        (lambda opts: [*opts, "--requeue", "--open-mode=append"], "'--requeue' and '--no-requeue' contradict"),
         (lambda opts: [*opts, "--signal=B:TERM@30"], "a spot job carries all of --open-mode, --qos, --requeue, --signal"),
         (lambda opts: [*opts, "--requeue=1", "--qos=spot", "--signal=B:TERM@30", "--open-mode=append"], "as --requeue"),
         (lambda opts: [*opts, "--container-name=other"], "not one gpupool submits"),

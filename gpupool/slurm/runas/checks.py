@@ -25,7 +25,9 @@ _JOB_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 _ACCOUNT = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 # The options gpupool.render emits, and nothing else, whatever the caller. Valued ones
 # only as --name=value: a bare --name would take the next argument as its value.
-_FLAG_OPTIONS = frozenset({"--ignore-pbs", "--no-container-mount-home", "--no-container-remap-root", "--requeue"})
+_FLAG_OPTIONS = frozenset(
+    {"--ignore-pbs", "--no-container-mount-home", "--no-container-remap-root", "--requeue", "--no-requeue"}
+)
 _CONTAINER_OPTIONS = frozenset(
     {"--container-image", "--container-mounts", "--container-workdir", "--no-container-mount-home", "--no-container-remap-root"}
 )
@@ -35,10 +37,12 @@ _ALWAYS_OPTIONS = frozenset(
         "--time", "--chdir", "--output", "--error", "--comment", "--ignore-pbs",
     }
 )
-# A spot job: both or neither, and the one QOS a tenant may pick (gpupool.render.SPOT_QOS).
+# A job Slurm may requeue (spot, or requeue_on_failure): both or neither.
 # --open-mode=append: each run's logs follow the last's, as Slurm would truncate them at a requeue.
-_SPOT_OPTIONS = frozenset({"--qos", "--requeue", "--signal", "--open-mode"})
-_SUBMIT_OPTIONS = _ALWAYS_OPTIONS | _CONTAINER_OPTIONS | _SPOT_OPTIONS | {"--array"}
+_REQUEUE_OPTIONS = frozenset({"--requeue", "--open-mode"})
+# A spot job: all or none, and the one QOS a tenant may pick (gpupool.render.SPOT_QOS).
+_SPOT_OPTIONS = _REQUEUE_OPTIONS | {"--qos", "--signal"}
+_SUBMIT_OPTIONS = _ALWAYS_OPTIONS | _CONTAINER_OPTIONS | _SPOT_OPTIONS | {"--array", "--no-requeue"}
 # gpupool's one array shape: every index from 0, optionally throttled (%K); no steps, lists or odd spellings.
 _ARRAY_VALUE = re.compile(r"0-(0|[1-9][0-9]{0,4})(%[1-9][0-9]{0,4})?")
 # What scancel takes for one task of an array: <array job id>_<index>.
@@ -142,9 +146,14 @@ def check_submit_options(settings: Settings, options: Sequence[str], account: st
     for name, pattern in _OPTIONAL_VALUE_FORMATS.items():
         if name in seen and not pattern.match(seen[name]):
             raise TenantError(f"{name}={seen[name]!r} is not a value gpupool submits")
-    spot = _SPOT_OPTIONS & set(seen)
-    if spot and spot != _SPOT_OPTIONS:
+    spot = (_SPOT_OPTIONS - _REQUEUE_OPTIONS) & set(seen)
+    if spot and not _SPOT_OPTIONS <= set(seen):
         raise TenantError(f"a spot job carries all of {', '.join(sorted(_SPOT_OPTIONS))}")
+    requeue = _REQUEUE_OPTIONS & set(seen)
+    if requeue and requeue != _REQUEUE_OPTIONS:
+        raise TenantError(f"a job Slurm may requeue carries both of {', '.join(sorted(_REQUEUE_OPTIONS))}")
+    if requeue and "--no-requeue" in seen:
+        raise TenantError("sbatch options '--requeue' and '--no-requeue' contradict each other")
     if array:
         array_size(settings, seen["--array"])
     _check_container_options(settings, seen)
