@@ -148,7 +148,7 @@ def test_redirects_are_not_followed(
 
 @pytest.mark.parametrize("url", ["http://10.0.0.1/hook", "http://169.254.169.254/latest/meta-data/"])
 def test_internal_addresses_are_refused_at_registration(
-    client: FlaskClient, auth: dict[str, str], url: str, session_factory: sessionmaker
+    client: FlaskClient, auth: dict[str, str], url: str, session_factory: sessionmaker, account: str
 ) -> None:
     for attempt in ({"url": url}, {**HELLO, "callback_url": url}):
         path = "/webhooks" if "template" not in attempt else "/submit"
@@ -157,7 +157,8 @@ def test_internal_addresses_are_refused_at_registration(
         assert reply.get_json()["error"] == "webhook_url_refused"
     with session_factory() as session:
         # Nothing stored, so nothing can ever be sent there.
-        assert session.scalar(select(func.count()).select_from(WebhookEndpoint)) == 0
+        # (The operator's own endpoint, a row of the migrations with no account, is not the customer's.)
+        assert session.scalar(select(func.count()).select_from(WebhookEndpoint).where(WebhookEndpoint.account == account)) == 0
     assert client.get("/jobs", headers=auth).get_json()["jobs"] == []
 
 
