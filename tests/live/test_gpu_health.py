@@ -216,7 +216,10 @@ def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_bri
         again = passes.run_pass(session_factory, slurm, archive, since=since)
 
         # The window may hold an earlier run of this test's job too (another account's): the invoice below is this one's.
-        assert first.credits >= 1 and again.credits == 0
+        # (When it fails, what the pass saw: the run's times beside the failure's, and the pass's counts.)
+        seen = run_command(["sacct", "-X", "-D", "-P", "-j", str(slurm_job_id), "-o", "JobIDRaw,State,Start,End,ElapsedRaw"],
+                           timeout_s=30).stdout
+        assert first.credits >= 1 and again.credits == 0, (failure, seen, first)
         body = client.get(f"/jobs/{job_id}", headers=auth).get_json()
         assert body["end_reason"] == f"gpu_failure: {lost} is lost (fallen off the bus) (node {node.name})"
         invoice = client.get(f"/invoices/{period_of(failure.at)}", headers=auth)
