@@ -792,6 +792,11 @@ def test_docker_run_grants_nothing_extra(hello: Template, flag: str) -> None:
     assert "-v" not in argv and "/var/run/docker.sock" not in " ".join(argv)
 
 
+def _default_signals() -> None:
+    for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
+
+
 def test_docker_script_traps_exit_and_the_signals_slurm_sends(hello: Template, tmp_path: Path) -> None:
     script = tmp_path / "job.sbatch"
     script.write_text(render(spec_for(hello, "docker", str(tmp_path))).script)
@@ -800,7 +805,10 @@ def test_docker_script_traps_exit_and_the_signals_slurm_sends(hello: Template, t
     text = script.read_text()
     prelude = text[: text.index("docker run ")] + "trap -p\n"
     shown = subprocess.run(
-        ["/bin/bash", "-c", prelude], env={"PATH": "/usr/bin:/bin", **SLURM_BATCH_ENV}, capture_output=True, text=True, check=True, timeout=30
+        ["/bin/bash", "-c", prelude], env={"PATH": "/usr/bin:/bin", **SLURM_BATCH_ENV}, capture_output=True, text=True, check=True, timeout=30,
+        # As slurmstepd starts a batch script: no signal ignored. (A test run started in the background by a
+        # non-interactive shell ignores SIGINT and SIGQUIT, and bash cannot trap what it was started ignoring.)
+        preexec_fn=_default_signals,
     ).stdout.splitlines()
     assert "trap -- 'gpupool_remove_container' EXIT" in shown
     assert "trap -- 'exit 143' SIGTERM" in shown
