@@ -58,7 +58,7 @@ import jinja2
 
 from bench._harness import REPO, bench_env, gunicorn, table
 from bench._profile import parent_of, pids_with_argument
-from bench.support.http import free_port, http
+from bench.support.http import free_port, http, read_head
 from bench.support.processes import answers, children, cpu_s, process, wait_until
 from bench.support.storage import account_volumes, storage_root_for_tests
 from bench.support.tenancy import TENANT_PREFIX
@@ -208,18 +208,6 @@ def _request_head(method: str, target: str, port: int, token: str | None, length
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def _read_head(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytes]:
-    """The answer's status line and headers, and the body bytes that came with them."""
-    head = b""
-    while b"\r\n\r\n" not in head:
-        count = sock.recv_into(buffer)
-        if not count:
-            break
-        head += bytes(buffer[:count])
-    head, _, rest = head.partition(b"\r\n\r\n")
-    return head, rest
-
-
 def download(port: int, target: str, token: str | None, size: int, digest: str | None = None) -> None:
     """One GET to its last byte; with ``digest``, the bytes checked against it (SHA-256)."""
     buffer = bytearray(CHUNK)
@@ -228,7 +216,7 @@ def download(port: int, target: str, token: str | None, size: int, digest: str |
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         sock.sendall(_request_head("GET", target, port, token, None))
-        head, first = _read_head(sock, buffer)
+        head, first = read_head(sock, buffer)
         if not head.startswith(b"HTTP/1.1 200 "):
             sys.exit(f"bench/files: GET {target} on port {port} answered {head[:300]!r}")
         received = len(first)
@@ -252,7 +240,7 @@ def upload(port: int, target: str, token: str, source: Path) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         sock.sendall(_request_head("PUT", target, port, token, size))
         sock.sendfile(handle)
-        head, _ = _read_head(sock, buffer)
+        head, _ = read_head(sock, buffer)
     if not head.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 201 ")):
         sys.exit(f"bench/files: PUT {target} on port {port} answered {head[:300]!r}")
 

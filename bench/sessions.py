@@ -45,7 +45,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.support.http import free_port
+from bench.support.http import free_port, read_head
 from bench.support.processes import answers, children, cpu_s, process, wait_until
 from gpupool import db
 from gpupool.config import load_settings
@@ -150,15 +150,10 @@ def download(target: Target, size: int) -> float:
     with socket.create_connection(("127.0.0.1", target.port)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         sock.sendall(target.request("/big"))
-        head = b""
-        while b"\r\n\r\n" not in head:
-            count = sock.recv_into(buffer)
-            if not count:
-                break
-            head += bytes(buffer[:count])
+        head, first = read_head(sock, buffer)
         if not head.startswith(b"HTTP/1.1 200 "):
             sys.exit(f"bench/sessions: {target.name} answered {head[:300]!r}")
-        received = len(head.split(b"\r\n\r\n", 1)[1])
+        received = len(first)
         while count := sock.recv_into(buffer):
             received += count
     elapsed = time.perf_counter() - started

@@ -69,3 +69,15 @@ def counting_bin_dir(root: Path) -> tuple[Path, Path]:
 
 def slurm_calls(calls: Path, *commands: str) -> int:
     return sum(1 for line in calls.read_text().split() if line in commands)
+
+
+def read_head(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytes]:
+    """The answer's status line and headers, and the body bytes that came with them."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        count = sock.recv_into(buffer)
+        if not count:
+            break
+        head += bytes(buffer[:count])
+    head, _, rest = head.partition(b"\r\n\r\n")
+    return head, rest
