@@ -4,9 +4,15 @@ Three causes, one mechanism (``credit_runs``):
 
 - a failed node (``failed_node``): a run that ended in NODE_FAIL or BOOT_FAIL,
   when the operator has ``billing_credit_failed_nodes`` on;
-- a failed GPU (``gpu_failure``): a run that was running when gpupool-gpu-check
-  found its GPU failed and ended it (the job's AdminComment,
-  ``gpupool.gpu_health.failure``), when ``billing_credit_gpu_failures`` is on;
+- a failed GPU (``gpu_failure``), when ``billing_credit_gpu_failures`` is on: a run
+  that was running when gpupool-gpu-check found its GPU failed and ended it (the
+  job's AdminComment, ``gpupool.gpu_health.failure``); or a run that failed on its
+  own between the fault and the check: one that ended FAILED, holding GPUs on a
+  node the check then drained for a failed GPU, within one check interval before
+  the drain (``drain_failures``). sacct does not say which of a node's GPUs a run
+  held, so on a node with several GPUs a run that failed for its own reasons on a
+  healthy GPU in that interval is credited too: the operator pays for the doubt,
+  never the customer;
 - the operator's hand (``manual``): ``gpupool credit run <job> --reason ...``.
 
 Each credit is one adjustment per run and period whose ``source_key`` names the
@@ -26,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from billing.meter import RunKey
 from billing.sacct import FAILED_NODE_STATES, JobRun
+from gpupool.gpu_health.check import DRAIN_REASON_PREFIX, failed_gpu_in_drain_reason
 from gpupool.gpu_health.failure import GpuFailure
 from gpupool.models import Adjustment, LedgerEntry
 
@@ -97,19 +104,53 @@ def hit_by(run: JobRun, failure: GpuFailure) -> bool:
     return run.start <= failure.at and (run.end is None or failure.at <= run.end + _CLOCK_SLACK)
 
 
+def drain_failures(drains: Iterable[tuple[str, str, dt.datetime]]) -> list[GpuFailure]:
+    """The failed GPUs named by GPU-check drains ``(node, reason, drained_at)``; other drains name none."""
+    failures = []
+    for node, reason, drained_at in drains:
+        named = failed_gpu_in_drain_reason(reason)
+        if named is not None:
+            gpu, xid = named
+            cause = reason.removeprefix(DRAIN_REASON_PREFIX)
+            failures.append(GpuFailure(reason=cause, node=node, gpu=gpu, at=drained_at, xid=xid))
+    return failures
+
+
+def failed_before_the_check(run: JobRun, drains: Sequence[GpuFailure], interval: dt.timedelta) -> GpuFailure | None:
+    """The drain a run that failed on its own most likely died of: on one of its nodes, within one interval after it ended."""
+    if run.state != "FAILED" or run.end is None or not run.gpus:
+        return None
+    for failure in drains:
+        if failure.node in run.nodes and run.start <= failure.at and \
+                run.end - _CLOCK_SLACK <= failure.at <= run.end + interval + _CLOCK_SLACK:
+            return failure
+    return None
+
+
 def automatic_credits(
-    runs: Sequence[JobRun], failures: Mapping[int, GpuFailure], *, failed_nodes: bool, gpu_failures: bool
+    runs: Sequence[JobRun], failures: Mapping[int, GpuFailure], *, failed_nodes: bool, gpu_failures: bool,
+    drains: Sequence[GpuFailure] = (), check_interval: dt.timedelta = dt.timedelta(0),
 ) -> list[RunCredit]:
-    """What a pass gives back: failed nodes' runs, and runs a failed GPU ended (``failures`` by JobIDRaw)."""
+    """What a pass gives back: failed nodes' runs, runs a failed GPU ended (``failures`` by JobIDRaw),
+    and runs that failed shortly before a drain for a failed GPU on their node (``drains``)."""
     credits: list[RunCredit] = []
     for run in runs:
         if failed_nodes and run.state in FAILED_NODE_STATES:
             credits.append(RunCredit(run, FAILED_NODE, f"automatic credit: job {run.job_id} ended in {run.state}"))
             continue
+        if not gpu_failures or not run.finished:
+            continue
         failure = failures.get(run.job_id_raw)
-        if gpu_failures and failure is not None and run.finished and run.state in _GPU_FAILURE_STATES and hit_by(run, failure):
+        if failure is not None and run.state in _GPU_FAILURE_STATES and hit_by(run, failure):
             credits.append(RunCredit(
                 run, GPU_FAILURE, f"automatic credit: job {run.job_id} ended by a GPU failure ({failure.end_reason()})", failure,
+            ))
+            continue
+        failure = failed_before_the_check(run, drains, check_interval)
+        if failure is not None:
+            credits.append(RunCredit(
+                run, GPU_FAILURE,
+                f"automatic credit: job {run.job_id} failed as a GPU failed under it ({failure.end_reason()})", failure,
             ))
     return credits
 

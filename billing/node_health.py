@@ -22,13 +22,14 @@ from sqlalchemy.orm import Session
 
 from gpupool.clock import utc_text
 from gpupool.config import Settings
+from gpupool.gpu_health.check import DRAIN_REASON_PREFIX
 from gpupool.models import EmailOutbox, NodeHealthEvent
 from gpupool.models.alerts import EMAIL_PENDING
 from gpupool.slurm.report import NodeReason
 from gpupool.webhooks.events import NODE_DRAINED
 from gpupool.webhooks.operator import enqueue_operator_event
 
-GPU_REASON_PREFIX = "gpu: "
+GPU_REASON_PREFIX = DRAIN_REASON_PREFIX
 
 
 def gpu_drains(nodes: Sequence[NodeReason]) -> list[NodeReason]:

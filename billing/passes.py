@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.alerts import fire_alerts
 from billing.archive import Archiver, read_text
-from billing.credits import automatic_credits, credit_runs, gpu_failure_candidates
+from billing.credits import automatic_credits, credit_runs, drain_failures, gpu_failure_candidates
 from billing.gpu_failures import announce
 from billing.ledger_writer import JobIdLookup, write_ledger_rows
 from billing.meter import Billed, RunKey, billed_by_run, meter_rows
@@ -40,9 +40,10 @@ from gpupool.config import Settings
 from gpupool.db import utcnow
 from gpupool.errors import BadRequest, GpupoolError, ServiceUnavailable, SlurmUnavailable
 from gpupool.gpu_health.failure import GpuFailure
-from gpupool.models import Account, BillingPass, BillingState, Job, LedgerEntry, MemberIdentity
+from gpupool.models import Account, BillingPass, BillingState, Job, LedgerEntry, MemberIdentity, NodeHealthEvent
 from gpupool.slurm.client import SlurmClient
 from gpupool.slurm.parse import ParseError, unpredictable_delimiter
+from gpupool.slurm.report import NodeReason
 
 log = logging.getLogger("gpupool.billing")
 
@@ -175,11 +176,15 @@ def bill_sacct_output(
     fields: tuple[str, ...] | None = None,
     measure_storage: StoredBytes | None = None,
     gpu_failures: GpuFailureLookup | None = None,
+    node_states: Sequence[NodeReason] | None = None,
 ) -> PassReport:
     """Bill ``text`` inside the caller's transaction, which must hold the billing lock.
 
     With ``gpu_failures`` (a pass, which can ask sacct) runs a failed GPU ended are
     credited (``billing_credit_gpu_failures``); a replay's output has no AdminComment.
+    With ``node_states`` (a pass: sinfo's nodes) the GPU check's drains are recorded
+    first (billing.node_health), so a run that failed shortly before its node drained
+    for a failed GPU is credited by this pass (billing.credits.failed_before_the_check).
 
     With ``measure_storage`` (a pass, not a replay of old output) the accounts' storage is
     measured and charged too (billing.storage), in the same transaction.
@@ -221,6 +226,8 @@ def bill_sacct_output(
     )
     session.add(record)
     session.flush()
+    if node_states is not None:
+        record_drains(session, settings, node_states, started_at, record.id)
     runs: list[JobRun] = []
 
     def read_runs() -> Iterator[JobRun]:
@@ -236,11 +243,15 @@ def bill_sacct_output(
     for reason in reader.refused:
         log.warning("billing pass %s: not billed, %s", record.id, reason)
     failures: Mapping[int, GpuFailure] = {}
+    drains: list[GpuFailure] = []
+    check_interval = dt.timedelta(seconds=settings.gpu_check_interval_s)
     if gpu_failures is not None and settings.billing_credit_gpu_failures:
         candidates = sorted({run.job_id_raw for run in gpu_failure_candidates(runs)})
         failures = gpu_failures(candidates) if candidates else {}
+        drains = _recent_gpu_drains(session, runs)
     written = credit_runs(session, automatic_credits(
         runs, failures, failed_nodes=settings.billing_credit_failed_nodes, gpu_failures=settings.billing_credit_gpu_failures,
+        drains=drains, check_interval=check_interval,
     ), started_at)
     announce(session, written, job_id_of, started_at)
     credits = len(written)
@@ -275,6 +286,19 @@ def bill_sacct_output(
     )
 
 
+def _recent_gpu_drains(session: Session, runs: Sequence[JobRun]) -> list[GpuFailure]:
+    """The recorded drains for a failed GPU since the earliest failed run among ``runs`` ended."""
+    ends = [run.end for run in runs if run.state == "FAILED" and run.end is not None and run.nodes]
+    if not ends:
+        return []
+    rows = session.execute(
+        select(NodeHealthEvent.node, NodeHealthEvent.reason, NodeHealthEvent.drained_at)
+        .where(NodeHealthEvent.drained_at >= min(ends) - dt.timedelta(minutes=5))
+        .order_by(NodeHealthEvent.drained_at)
+    ).all()
+    return drain_failures((node, reason, drained_at) for node, reason, drained_at in rows)
+
+
 def _windows(start: dt.datetime, end: dt.datetime, chunk: dt.timedelta) -> list[tuple[dt.datetime, dt.datetime]]:
     windows = []
     while start < end:
@@ -307,6 +331,7 @@ def run_pass(
         # A delimiter no job name can predict: names cannot forge columns or rows (billing.sacct).
         delimiter = unpredictable_delimiter()
         text = slurm.billing_accounting(window_start, window_end, PASS_FIELDS, delimiter)
+        node_states = _node_states(slurm)
         report = bill_sacct_output(
             session,
             settings,
@@ -318,6 +343,7 @@ def run_pass(
             started_at=started_at,
             measure_storage=measure_storage,
             gpu_failures=sacct_gpu_failures(slurm),
+            node_states=node_states,
         )
         session.execute(
             update(BillingState)
@@ -325,18 +351,16 @@ def run_pass(
             .where((BillingState.mark.is_(None)) | (BillingState.mark < window_end))
             .values(mark=window_end)
         )
-        _note_gpu_drains(session, slurm, settings, started_at, report.pass_id)
     return report
 
 
-def _note_gpu_drains(session: Session, slurm: SlurmClient, settings: Settings, now: dt.datetime, pass_id: int) -> None:
-    """The GPU check's drains (billing.node_health); sinfo failing costs the pass nothing but this, until the next."""
+def _node_states(slurm: SlurmClient) -> list[NodeReason] | None:
+    """sinfo's nodes, for the GPU check's drains (billing.node_health); sinfo failing costs the pass nothing but those, until the next."""
     try:
-        nodes = slurm.node_reasons()
+        return slurm.node_reasons()
     except GpupoolError as exc:
-        log.warning("billing pass %s: node states not read (%s); GPU drains are noted by the next pass", pass_id, exc)
-        return
-    record_drains(session, settings, nodes, now, pass_id)
+        log.warning("billing pass: node states not read (%s); GPU drains are noted by the next pass", exc)
+        return None
 
 
 def backfill(

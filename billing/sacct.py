@@ -41,6 +41,7 @@ from gpupool.gpu_health.failure import GpuFailure, parse_comment
 from gpupool.slurm.parse import (
     ParseError,
     base_state,
+    expand_hostlist,
     gpus_by_type,
     is_unpredictable,
     numbered_rows,
@@ -63,9 +64,10 @@ SACCT_FIELDS = (
     "AllocTRES",
     "JobName",
 )
-# What a billing pass asks sacct for: the above and each run's QOS, which prices it
-# (billing.meter). Output without a QOS column (older dumps) bills at the normal tier.
-PASS_FIELDS = (*SACCT_FIELDS[:-1], "QOS", SACCT_FIELDS[-1])
+# What a billing pass asks sacct for: the above, each run's QOS, which prices it (billing.meter),
+# and its nodes, which tie a run that failed just before a GPU drain to that drain (billing.credits).
+# Output without a QOS column (older dumps) bills at the normal tier.
+PASS_FIELDS = (*SACCT_FIELDS[:-1], "QOS", "NodeList", SACCT_FIELDS[-1])
 REQUIRED_FIELDS = ("JobIDRaw", "Account", "User", "State", "Start", "AllocTRES")
 # Exact seconds when sacct printed them; otherwise [D-]HH:MM:SS, as older dumps have it.
 ELAPSED_FIELDS = ("ElapsedRaw", "Elapsed")
@@ -115,11 +117,29 @@ class JobRun:
     # The member's own user that ran it (Tenancy.members), whose monthly spend it counts in even
     # when the member submitted it around the API; None: the account's user, or no gpupool tenant.
     member_user: str | None = None
+    # The nodes the run was allocated (sacct's NodeList, expanded); empty when the output has no such column.
+    nodes: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
         """Slurm's final word on the run. Until slurmdbd has its end time, ElapsedRaw is "now - start"."""
         return self.end is not None and self.state not in _UNFINISHED
+
+
+def _nodes(text: str, seen: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """A NodeList expanded once per distinct text; none for "None assigned" or a list that cannot be read.
+
+    The nodes only tie a failed run to a GPU drain (billing.credits); a list this reader does not
+    know must not refuse the run's charge.
+    """
+    nodes = seen.get(text)
+    if nodes is None:
+        try:
+            nodes = tuple(expand_hostlist(text))
+        except ParseError:
+            nodes = ()
+        seen[text] = nodes
+    return nodes
 
 
 class DumpRefused(ParseError):
@@ -275,6 +295,8 @@ class RunReader:
         i_id, i_end, i_name = column.get("JobID"), column.get("End"), column.get("JobName")
         i_user = column["User"]
         i_qos = column.get("QOS")
+        i_nodes = column.get("NodeList")
+        nodes_of: dict[str, tuple[str, ...]] = {}
         default_cluster = self.default_cluster or ""
         width = len(self.header)
         # Only the pass's own delimiter keeps a name's next line from passing for a row.
@@ -356,6 +378,7 @@ class RunReader:
                     qos=(row[i_qos].strip().lower() or "normal") if i_qos is not None else "normal",
                     # Past the verdict, a member's user is its own account's.
                     member_user=pair[1].strip() if members and pair[1].strip() in members else None,
+                    nodes=_nodes(row[i_nodes], nodes_of) if i_nodes is not None else (),
                 )
             except ParseError as exc:
                 raise DumpRefused(line, str(exc)) from exc

@@ -224,8 +224,12 @@ class Settings:
     billing_sacct_timeout_s: float = 300.0
     billing_archive_dir: str = "var/billing"
     billing_credit_failed_nodes: bool = True
-    # Runs gpupool-gpu-check ended for a failed GPU are credited in full (billing.credits).
+    # Runs gpupool-gpu-check ended for a failed GPU are credited in full (billing.credits), and so
+    # are runs that failed on the node within one check interval before it drained for a failed GPU.
     billing_credit_gpu_failures: bool = True
+    # Slurm's HealthCheckInterval (the playbook writes both from slurm_common_health_check_interval_s):
+    # how long a GPU can be failed before the check sees it.
+    gpu_check_interval_s: int = 60
     billing_cancel_exhausted: bool = False
     # The operator report's payback: what a kWh costs, in `currency`, as exact decimal text.
     electricity_price_per_kwh: str = "0"

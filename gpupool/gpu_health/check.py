@@ -43,6 +43,8 @@ XID_RULES: Mapping[int, XidRule] = {
     119: XidRule(DRAIN, "GSP RPC timeout: the GPU's system processor stopped answering"),
 }
 UNKNOWN_XID = XidRule(WARN, "Xid gpupool has no rule for")
+# Every reason the check drains a node with starts so (billing.node_health reads the check's drains by it).
+DRAIN_REASON_PREFIX = "gpu: "
 
 # clocks_throttle_reasons.active bits that mean the hardware is protecting itself. The
 # software power cap (0x4) is how a loaded card normally runs, and idle (0x1) is idle.
@@ -148,12 +150,51 @@ class Verdict:
 
     @property
     def drain_reason(self) -> str | None:
-        """What Slurm shows as the node's reason: ``gpu: <first cause>``, and how many more."""
-        drains = self.drains
+        """What Slurm shows as the node's reason: ``gpu: <first cause>``, and how many more.
+
+        A failed GPU comes first when there is one: billing reads it back from the reason
+        (``failed_gpu_in_drain_reason``) to credit runs that died of it before this check ran.
+        """
+        drains = sorted(self.drains, key=lambda finding: finding.failed_gpu is None)
         if not drains:
             return None
         more = f" (+{len(drains) - 1} more)" if len(drains) > 1 else ""
-        return f"gpu: {drains[0].reason}{more}"
+        return f"{DRAIN_REASON_PREFIX}{drains[0].reason}{more}"
+
+
+# The check's own drain reasons that name a GPU that can no longer run a job, as the findings below
+# word them (a test round-trips each): (pattern, whether the GPU group must look like a bus id).
+_FAILED_GPU_REASONS = (
+    (re.compile(r"(?P<gpu>/\S+) missing \(gres\.conf names it\)"), False),
+    (re.compile(r"Xid (?P<xid>\d+) on (?P<gpu>\S+)"), True),
+    (re.compile(r"(?P<gpu>\S+) is lost \(fallen off the bus\)"), True),
+    (re.compile(r"\d+ uncorrectable ECC error\(s\) on (?P<gpu>\S+)"), True),
+    (re.compile(r"row remapping failed on (?P<gpu>\S+)"), True),
+)
+_MORE = re.compile(r" \(\+\d+ more\)$")
+
+
+def failed_gpu_in_drain_reason(reason: str) -> tuple[str, int | None] | None:
+    """``(gpu, xid)`` when a drain reason this check wrote names a failed GPU first; None for any other reason.
+
+    Whole-reason matches of the check's own wording, never a search in free text: an operator's
+    reason, a hot or throttling GPU, or a hung nvidia-smi gives None.
+    """
+    if not reason.startswith(DRAIN_REASON_PREFIX):
+        return None
+    cause = _MORE.sub("", reason[len(DRAIN_REASON_PREFIX):])
+    for pattern, bus_only in _FAILED_GPU_REASONS:
+        match = pattern.fullmatch(cause)
+        if match is None:
+            continue
+        gpu = match["gpu"]
+        if bus_only and not _BUS_IN_TEXT.fullmatch(gpu):
+            return None
+        xid = int(match["xid"]) if "xid" in pattern.groupindex else None
+        if xid is not None and XID_RULES.get(xid, UNKNOWN_XID).action != DRAIN:
+            return None
+        return gpu, xid
+    return None
 
 
 # -- gres.conf -----------------------------------------------------------------

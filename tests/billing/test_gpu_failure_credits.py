@@ -56,8 +56,9 @@ RUNS = [
 class Sacct:
     """sacct as the pass asks it: the window's runs, then the AdminComment of the runs a failure may have ended."""
 
-    def __init__(self, runs: list[tuple[int, str, str, str, str, str]] = RUNS) -> None:
+    def __init__(self, runs: list[tuple[int, str, str, str, str, str]] = RUNS, on: Mapping[int, str] | None = None) -> None:
         self.runs = runs
+        self.on = on or {}  # each job's node (sacct's NodeList); gpu1 unless named
         self.asked_for_comments: list[str] = []
         self.nodes: list[dict[str, object]] = []  # sinfo --json's nodes, Slurm 22.05's shape
 
@@ -77,7 +78,7 @@ class Sacct:
             elapsed = int((utc(end) - utc(start)).total_seconds())
             lines.append(d.join([
                 "gpupool", str(job), str(job), "acme", "gp-acme", state, start, start, end, str(elapsed),
-                "cpu=1,gres/gpu:rtx4090=1,gres/gpu=1", qos, f"job{job}",
+                "cpu=1,gres/gpu:rtx4090=1,gres/gpu=1", qos, self.on.get(job, "gpu1"), f"job{job}",
             ]))
         return CommandResult(tuple(argv), 0, "\n".join(lines) + "\n", "", 0.0)
 
@@ -225,6 +226,62 @@ def test_an_operator_credits_any_run_by_hand_once_and_audited(ledger_db: LedgerD
 def node(state: str, flags: list[str], reason: str, at: str | None) -> dict[str, object]:
     changed = int(utc(at).timestamp()) if at else 0
     return {"name": "gpu1", "state": state, "state_flags": flags, "reason": reason, "reason_changed_at": changed}
+
+
+# Runs that ended on their own around a drain of gpu1 at 06:01:00 (check interval 60 s): only the one that
+# failed on gpu1 within the interval before the drain died of the GPU as far as anyone can tell.
+AROUND_A_DRAIN = [
+    (51, "FAILED", "2026-11-03T05:30:00", "2026-11-03T06:00:30", "normal", ""),  # on gpu1, 30 s before: credited
+    (52, "FAILED", "2026-11-03T05:30:00", "2026-11-03T06:00:30", "normal", ""),  # the same, on gpu2: not
+    (53, "FAILED", "2026-11-03T05:00:00", "2026-11-03T05:40:00", "normal", ""),  # on gpu1, 21 min before: not
+    (54, "COMPLETED", "2026-11-03T05:30:00", "2026-11-03T06:00:40", "normal", ""),  # ended as it meant to: not
+    (55, "FAILED", "2026-11-03T06:05:00", "2026-11-03T06:05:30", "normal", ""),  # started after the drain: not
+]
+
+
+@pytest.mark.parametrize(("reason", "credited"), [
+    ("gpu: 0000:42:00.0 is lost (fallen off the bus)", True),
+    ("gpu: Xid 79 on 0000:41:00.0 (+1 more)", True),
+    ("gpu: /dev/nvidia2 missing (gres.conf names it)", True),
+    # Not a failed GPU: a hot card still computes; an operator's own drain is the operator's.
+    ("gpu: 0000:41:00.0 at 93 C (drain at 90)", False),
+    ("gpu: Xid 13 on 0000:41:00.0", False),
+    ("fan replaced, Kim", False),
+])
+def test_a_run_that_failed_just_before_its_node_drained_for_a_failed_gpu_is_credited_once(
+    ledger_db: LedgerDb, reason: str, credited: bool,
+) -> None:
+    ledger_db.add_account("acme")
+    add_job(ledger_db, "job-51", 51)
+    sacct = Sacct(AROUND_A_DRAIN, on={52: "gpu2"})
+    sacct.nodes = [node("mixed", ["DRAIN"], reason, "2026-11-03T06:01:00"), {**node("idle", [], "", None), "name": "gpu2"}]
+
+    report = bill(ledger_db, sacct, gpu_check_interval_s=60)
+
+    cause = reason.removeprefix("gpu: ")
+    expected = [("2026-11", -1830 * RTX4090_NANOS, "gpu_failure_credit",
+                 f"automatic credit: job 51 failed as a GPU failed under it (gpu_failure: {cause} (node gpu1))")]
+    assert credits(ledger_db) == (expected if credited else [])
+    assert report.credits == len(credits(ledger_db))
+    with ledger_db.sessions() as session:
+        job = session.get(Job, "job-51")
+        assert job is not None
+        assert job.end_reason == (f"gpu_failure: {cause} (node gpu1)" if credited else None)
+        failed = session.scalars(select(WebhookEvent).where(WebhookEvent.type == "job.failed")).all()
+    assert [event.payload["data"]["gpu_failure"]["at"] for event in failed] == (["2026-11-03T06:01:00Z"] if credited else [])
+    # The next pass sees the same runs and the same drain (the overlap): nothing more.
+    assert bill(ledger_db, sacct, "2026-11-03T12:05:00", gpu_check_interval_s=60).credits == 0
+    assert len(credits(ledger_db)) == len(expected if credited else [])
+    ledger_db.assert_spend_exact()
+
+
+def test_the_automatic_credit_switch_holds_for_runs_that_failed_before_the_check(ledger_db: LedgerDb) -> None:
+    ledger_db.add_account("acme")
+    sacct = Sacct(AROUND_A_DRAIN, on={52: "gpu2"})
+    sacct.nodes = [node("mixed", ["DRAIN"], "gpu: 0000:42:00.0 is lost (fallen off the bus)", "2026-11-03T06:01:00")]
+
+    assert bill(ledger_db, sacct, billing_credit_gpu_failures=False).credits == 0
+    assert credits(ledger_db) == []
 
 
 def test_a_gpu_drain_is_recorded_and_mailed_to_the_operator_once_and_its_end_noted(ledger_db: LedgerDb) -> None:

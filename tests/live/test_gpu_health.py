@@ -25,11 +25,13 @@ multinode tier's requeue onto a healthy node (tests/multinode, not written).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
 import io
 import json
 import os
+import signal
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -291,6 +293,72 @@ def test_a_job_that_may_be_requeued_is_requeued_off_a_gpu_that_fails_and_its_fai
             [event] = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed"))
         assert event.payload["data"]["gpu_failure"]["requeued"] is True
         assert float(event.payload["data"]["credited"]) > 0
+    finally:
+        client.delete(f"/jobs/{job_id}", headers=auth)
+
+
+def kill_the_jobs_processes(slurm_job_id: int) -> None:
+    """SIGKILL every process of the job, as a crash would end it: Slurm records the run FAILED, nobody cancelled it."""
+    listed = run_command(["scontrol", "listpids", str(slurm_job_id)], timeout_s=30).stdout.splitlines()
+    pids = [int(line.split()[0]) for line in listed[1:] if line.split() and line.split()[0].isdigit()]
+    assert pids, listed
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_job_that_crashes_as_its_gpu_fails_before_the_check_runs_is_credited_by_the_drain_that_follows(
+    node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], account: str, settings: Settings,
+    session_factory: sessionmaker, tmp_path: Path,
+) -> None:
+    node.answer_healthy()
+    since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
+    add_endpoint(session_factory, account)
+    created = client.post("/submit", headers=auth, json={
+        "template": "hello", "gpus": len(node.devices), "params": {"message": "crash", "seconds": 600},
+    }).get_json()
+    job_id = created["job_id"]
+    try:
+        wait_for_state(client, job_id, auth, {"RUNNING"}, timeout_s=60)
+        slurm_job_id = client.get(f"/jobs/{job_id}", headers=auth).get_json()["slurm_job_id"]
+        wait_for(node.knows_bus_ids, timeout_s=node.interval_s * 2 + 30, interval_s=1, what="a healthy check to read the GPUs")
+        # The GPU falls off the bus and takes the job's processes with it, between two checks: the next check finds
+        # the fault, but no job on the GPU to end.
+        kill_the_jobs_processes(slurm_job_id)
+        crashed_at = dt.datetime.now(dt.UTC)
+        node.answer_fallen_off_the_bus(2)
+
+        reason = wait_for_gpu_drain(slurm, node)
+        wait_for_state(client, job_id, auth, {"FAILED"}, timeout_s=60)
+
+        lost = f"0000:{node.bus_id(2).lower()}"
+        assert reason == f"gpu: {lost} is lost (fallen off the bus)"
+        run = wait_for(lambda: (found := sacct_run(slurm_job_id))["state"] == "FAILED" and found, timeout_s=60, interval_s=1,
+                       what="slurmdbd to record the failed run")
+        assert run["admin_comment"] == ""  # the check never saw the job: the drain alone ties the run to the failure
+        configured = settings.replace(billing_archive_dir=str(tmp_path / "archive"), gpu_check_interval_s=node.interval_s)
+        first = passes.run_pass(session_factory, slurm, configured, since=since)
+        again = passes.run_pass(session_factory, slurm, configured, since=since)
+
+        # (When it fails, what the pass saw: the run beside the drains it recorded.)
+        seen = run_command(["sacct", "-X", "-D", "-P", "-j", str(slurm_job_id), "-o", "JobIDRaw,State,Start,End,NodeList"],
+                           timeout_s=30).stdout
+        with session_factory() as session:
+            drains = session.execute(select(NodeHealthEvent.node, NodeHealthEvent.reason, NodeHealthEvent.drained_at)).all()
+        assert first.credits >= 1 and again.credits == 0, (first, seen, drains)
+        body = client.get(f"/jobs/{job_id}", headers=auth).get_json()
+        assert body["end_reason"] == f"gpu_failure: {lost} is lost (fallen off the bus) (node {node.name})", (body, seen, drains)
+        lines = list(csv.DictReader(io.StringIO(
+            client.get(f"/invoices/{period_of(crashed_at)}", headers=auth)
+            .get_data(as_text=True))))
+        charged = [line for line in lines if line["line_type"] == "job" and line["slurm_job_id"] == str(slurm_job_id)]
+        credited = [line for line in lines if line["line_type"] == "adjustment" and f"job {slurm_job_id} " in line["job_name"]]
+        assert charged and len(credited) == 1, lines
+        assert sum(float(line["amount"]) for line in charged + credited) == 0, lines
+        assert "failed as a GPU failed under it" in credited[0]["job_name"]
+        with session_factory() as session:
+            events = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed")).all()
+        assert [event.payload["data"]["gpu_failure"]["gpu"] for event in events] == [lost]
     finally:
         client.delete(f"/jobs/{job_id}", headers=auth)
 

@@ -31,9 +31,9 @@ PRICES = PriceBook([
 DELIMITER = "\x1f7Qv"
 TRES4 = "billing=4,cpu=4,gres/gpu:rtx4090=4,gres/gpu=4,mem=16G,node=1"
 RECORDED = [
-    "gpupool|41|41|spota|gp-spota|PREEMPTED|2026-12-02T05:00:00|2026-12-02T05:00:01|2026-12-02T05:00:19|18|" + TRES4 + "|spot|spot-a",
-    "gpupool|42|42|spotb|gp-spotb|COMPLETED|2026-12-02T05:00:14|2026-12-02T05:00:50|2026-12-02T05:01:05|15|" + TRES4 + "|normal|full-b",
-    "gpupool|41|41|spota|gp-spota|COMPLETED|2026-12-02T05:00:19|2026-12-02T05:01:17|2026-12-02T05:01:29|12|" + TRES4 + "|spot|spot-a",
+    "gpupool|41|41|spota|gp-spota|PREEMPTED|2026-12-02T05:00:00|2026-12-02T05:00:01|2026-12-02T05:00:19|18|" + TRES4 + "|spot|vm|spot-a",
+    "gpupool|42|42|spotb|gp-spotb|COMPLETED|2026-12-02T05:00:14|2026-12-02T05:00:50|2026-12-02T05:01:05|15|" + TRES4 + "|normal|vm|full-b",
+    "gpupool|41|41|spota|gp-spota|COMPLETED|2026-12-02T05:00:19|2026-12-02T05:01:17|2026-12-02T05:01:29|12|" + TRES4 + "|spot|vm|spot-a",
 ]
 
 
@@ -72,7 +72,7 @@ def test_a_second_pass_over_the_same_runs_bills_nothing() -> None:
 
 def test_the_run_pays_the_qos_slurm_ran_it_under_not_what_was_asked() -> None:
     # The same job, moved to (or submitted directly under) QOS normal: sacct says normal.
-    moved = [RECORDED[0].replace("|spot|spot-a", "|normal|spot-a")]
+    moved = [RECORDED[0].replace("|spot|vm|spot-a", "|normal|vm|spot-a")]
     assert summary(bill(output(moved))) == [(41, "05:00:01", "05:00:19", 72, 72 * FULL, NORMAL_TIER)]
 
 
@@ -80,7 +80,7 @@ def test_a_qos_without_a_price_of_its_own_pays_the_full_price() -> None:
     only_full = PriceBook([("rtx4090", utc("2026-01-01T00:00:00"), FULL)])
     assert [r.amount_nanos for r in bill(output(RECORDED[:1]), only_full)] == [72 * FULL]
     assert [r.tier for r in bill(output(RECORDED[:1]), only_full)] == [NORMAL_TIER]
-    other_qos = [RECORDED[0].replace("|spot|spot-a", "|high|spot-a")]
+    other_qos = [RECORDED[0].replace("|spot|vm|spot-a", "|high|vm|spot-a")]
     assert [r.amount_nanos for r in bill(output(other_qos))] == [72 * FULL]
 
 
@@ -100,7 +100,7 @@ def test_a_spot_default_price_covers_every_type() -> None:
 
 
 def test_output_without_a_qos_column_bills_at_the_normal_tier() -> None:
-    old = [line.replace("|spot|", "|").replace("|normal|", "|") for line in RECORDED]
+    old = [line.replace("|spot|vm|", "|").replace("|normal|vm|", "|") for line in RECORDED]
     rows = bill(output(old, SACCT_FIELDS))
     assert [r.tier for r in rows] == [NORMAL_TIER] * 3
     assert [r.unit_price_nanos for r in rows] == [FULL] * 3

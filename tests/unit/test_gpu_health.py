@@ -210,6 +210,52 @@ def test_several_causes_name_the_first_and_count_the_rest() -> None:
     assert verdict.drain_reason == "gpu: Xid 79 on 0000:86:00.0 (+1 more)"
 
 
+def failing_verdicts() -> list[check.Verdict]:
+    """One verdict of each kind of drain the check gives, from the fixtures above."""
+    written = (WRITTEN / "rtx4090-x4" / "query.csv").read_text()
+    verdicts = [
+        verdict_for(written, promised=5),
+        verdict_for((FIXTURES / "lost-4x4090.txt").read_text(), promised=4, returncode=15),
+        verdict_for(written, promised=4, xids=(FIXTURES / "kmsg-xid.txt").read_text()),
+        verdict_for((FIXTURES / "lost-4x4090.txt").read_text(), promised=4, returncode=15,
+                    xids=(FIXTURES / "kmsg-xid.txt").read_text()),
+        judge(Facts(devices(2), ["/dev/nvidia1"], NvidiaSmiResult(missing=True)), Thresholds()),
+        judge(Facts(devices(1), [], NvidiaSmiResult(stdout="NVIDIA-SMI has failed.\n", returncode=9)), Thresholds()),
+        verdict_for((FIXTURES / "throttle-2x3090.csv").read_text(), promised=2,
+                    thresholds=Thresholds(throttle_drain_after_checks=1)),
+    ]
+    for fixture in ("ecc-2xh200.csv", "remap-failure-2xh200.csv", "remap-pending-2xh200.csv", "hot-4x4090.csv"):
+        query = (FIXTURES / fixture).read_text()
+        verdicts.append(verdict_for(query, promised=len(check.parse_query_csv(query))))
+    for xid in sorted(check.XID_RULES):
+        verdicts.append(verdict_for("", promised=0, xids=f"4,1,1,-;NVRM: Xid (PCI:0000:41:00): {xid}, pid=1, name=x\n"))
+    return [verdict for verdict in verdicts if verdict.drain_reason is not None]
+
+
+def test_billing_reads_the_failed_gpu_back_from_every_drain_reason_that_names_one_and_none_from_the_rest() -> None:
+    verdicts = failing_verdicts()
+    read_back = [(v.drain_reason, check.failed_gpu_in_drain_reason(v.drain_reason or "")) for v in verdicts]
+    expected = []
+    for verdict in verdicts:
+        first = sorted(verdict.drains, key=lambda finding: finding.failed_gpu is None)[0]
+        named = (first.failed_gpu, first.xid) if first.failed_gpu is not None else None
+        expected.append((verdict.drain_reason, named))
+
+    assert read_back == expected
+    # Both kinds are among them, and an operator's own reason names no GPU.
+    assert {named is None for _, named in read_back} == {True, False}
+    assert check.failed_gpu_in_drain_reason("replaced the fan; Kim") is None
+    assert check.failed_gpu_in_drain_reason("gpu: Xid 79 on 0000:41:00.0 and a story") is None
+
+
+def test_a_failed_gpu_is_named_first_whatever_else_drains() -> None:
+    # nvidia-smi's count is judged before each GPU's readings, and names no GPU.
+    verdict = verdict_for((FIXTURES / "ecc-2xh200.csv").read_text(), promised=3)
+
+    assert verdict.drain_reason == "gpu: 2 uncorrectable ECC error(s) on 0000:84:00.0 (+1 more)"
+    assert [finding.reason for finding in verdict.drains][0] == "nvidia-smi sees 2 GPU(s), gres.conf promises 3"
+
+
 def test_nvidia_smi_failing_without_a_lost_gpu_drains_with_its_message() -> None:
     facts = Facts(devices(1), [], NvidiaSmiResult(
         stdout="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", returncode=9))
