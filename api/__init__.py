@@ -65,7 +65,7 @@ def create_app(
     slurm = slurm or SlurmClient(settings)
     clock = clock or settings.calendar_clock()
     if session_factory is None:
-        engine = make_engine(settings.database_url)
+        engine = make_engine(settings.database_url, pre_ping=settings.database_pre_ping)
         ensure_migrated(engine)
         session_factory = make_session_factory(engine)
 

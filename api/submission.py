@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, Integer, String, and_, bindparam, delete, func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql import Executable
@@ -25,7 +25,7 @@ from billing.budgets import WorstCase, check_spend, lock_budget, worst_case
 from billing.prices import load_prices
 from gpupool.config import Settings, allowed_networks
 from gpupool.containers import docker_runtime_refusal
-from gpupool.db import UTCDateTime, utcnow
+from gpupool.db import UTCDateTime, is_failover_error, utcnow
 from gpupool.errors import (
     CommandTimedOut,
     Conflict,
@@ -324,7 +324,22 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
         raise explained from exc
     log.info("job %s submitted as Slurm job %s (account %s, %s x gpu)", job.id, slurm_job_id, job.account, job.gpus)
     with stage("record"):
-        _record_submitted(session, job, slurm_job_id)
+        try:
+            _record_submitted(session, job, slurm_job_id)
+        except DBAPIError as exc:
+            if not is_failover_error(exc):
+                raise
+            # The database went away (or read-only: a failover) between the row's commit and this
+            # update. The job is in Slurm and its row, committed before sbatch, carries its tag:
+            # the refresher adopts it by that tag once the database is back (jobstate's
+            # _submission_values), so the submit is answered 201 rather than retried into a twin.
+            log.warning(
+                "job %s submitted as Slurm job %s, but its id was not recorded (%s); the refresher adopts it by its tag",
+                job.id, slurm_job_id, exc.orig,
+            )
+            session.expunge(job)  # kept as loaded: a rollback would expire it, and reloading needs the database
+            session.rollback()
+            _note_submitted(job, slurm_job_id, job.submitted_at or utcnow(), utcnow())
 
 
 # Built once, its values bound at each execution: building the UPDATE anew cost
@@ -364,6 +379,11 @@ def _record_submitted(session: Session, job: Job, slurm_job_id: int) -> None:
         statement = _RECORD_ASYNC_COMMIT if bind.dialect.name == "postgresql" else _RECORD
         session.connection().execute(statement, params).close()
         session.commit()
+    _note_submitted(job, slurm_job_id, submitted_at, now)
+
+
+def _note_submitted(job: Job, slurm_job_id: int, submitted_at: dt.datetime, now: dt.datetime) -> None:
+    """What the submit answers, on ``job`` without a flush: Slurm's id and PENDING."""
     values = {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": submitted_at, "updated_at": now}
     for name, value in values.items():
         set_committed_value(job, name, value)
@@ -386,7 +406,8 @@ def _execute_alone(session: Session, statement: Executable, params: dict[str, An
     try:
         connection.execute(statement, params).close()
     finally:
-        driver.autocommit = False
+        if not driver.closed:  # a server gone mid-statement closed it: setting the flag would raise over the error
+            driver.autocommit = False
     session.commit()
 
 
