@@ -9,6 +9,8 @@ from typing import Any
 from flask import Flask
 from flask_limiter import Limiter
 from limits import parse as parse_limit
+from limits.storage import MemoryStorage
+from limits.strategies import FixedWindowRateLimiter
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from sqlalchemy.orm import sessionmaker
@@ -92,7 +94,10 @@ def create_app(
         # a 429 still carries Retry-After (api.errors).
         headers_enabled=False,
         swallow_errors=False,
-        in_memory_fallback_enabled=False,
+        # Redis gone (or its Sentinel's master): flask-limiter counts in this process's memory, with
+        # the same limits, and goes back to the store once it answers a ping again (it retries after
+        # 1, 2, 4... 32 s). Limits then hold per gunicorn worker, not per cluster: degraded, never a 503.
+        in_memory_fallback_enabled=True,
         strategy="fixed-window",
         key_prefix="gpupool",
     )
@@ -119,6 +124,7 @@ def create_app(
         clock=clock,
         limiter=limiter,
         unauthenticated_limit=unauthenticated_limit,
+        unauthenticated_fallback=FixedWindowRateLimiter(MemoryStorage()),
         metrics_networks=allowed_networks(settings.metrics_allow_cidrs, "metrics_allow_cidrs"),
     )
     register_error_handlers(app)
@@ -155,5 +161,10 @@ def _storage_options(settings: Settings) -> dict[str, Any]:
     if not settings.ratelimit_storage_uri.startswith("redis"):
         return {}  # memory:// takes none; other stores name their options differently
     timeout = settings.ratelimit_storage_timeout_s
-    # No retries: each would add another timeout to a request that ends in 503 anyway.
-    return {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
+    # No retries: each would add another timeout to a request that falls back to memory anyway.
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
+    if settings.ratelimit_storage_uri.startswith("redis+sentinel"):
+        # redis+sentinel://s1:26379,s2:26379/mymaster: the same bounds on asking the Sentinels who leads.
+        # (redis-py's default retries with backoff: 8 s a request with the Sentinels gone.)
+        options["sentinel_kwargs"] = {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
+    return options

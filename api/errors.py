@@ -80,7 +80,11 @@ def _retry_after_s() -> int:
     limit = app_state().limiter.current_limit
     if limit is None:
         return 1
-    return max(1, math.ceil(limit.reset_at - time.time()))
+    try:
+        return max(1, math.ceil(limit.reset_at - time.time()))
+    except (redis.exceptions.RedisError, limits.errors.StorageError):
+        # Counted in memory while the store is gone (api.auth): a whole window is the safe answer.
+        return max(1, limit.limit.get_expiry())
 
 
 def register_error_handlers(app: Flask) -> None:
