@@ -11,8 +11,6 @@ from flask_limiter import Limiter
 from limits import parse as parse_limit
 from limits.storage import MemoryStorage
 from limits.strategies import FixedWindowRateLimiter
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from sqlalchemy.orm import sessionmaker
 from werkzeug.middleware.proxy_fix import ProxyFix
 
@@ -42,6 +40,7 @@ from gpupool.config import Settings, allowed_networks, load_settings
 from gpupool.db import ensure_migrated, make_engine, make_session_factory
 from gpupool.errors import ConfigError
 from gpupool.jobstate import JobStateRefresher
+from gpupool.ratelimit_store import storage_options
 from gpupool.slurm.client import SlurmClient
 from gpupool.templates import load_templates
 from gpupool.tokens import verification_key
@@ -88,7 +87,7 @@ def create_app(
     limiter = Limiter(
         rate_limit_key,
         storage_uri=settings.ratelimit_storage_uri,
-        storage_options=_storage_options(settings),
+        storage_options=storage_options(settings),
         default_limits=[settings.ratelimit_default],
         # X-RateLimit-* headers cost a store round trip on every request;
         # a 429 still carries Retry-After (api.errors).
@@ -154,17 +153,3 @@ def create_app(
         app, exempt_blueprints=PAGE_BLUEPRINTS | PROXY_BLUEPRINTS, exempt_endpoints=PUBLIC_PAGE_ENDPOINTS
     )
     return app
-
-
-def _storage_options(settings: Settings) -> dict[str, Any]:
-    """Timeouts for a Redis store: redis-py waits forever by default, so a hung Redis would hang every request."""
-    if not settings.ratelimit_storage_uri.startswith("redis"):
-        return {}  # memory:// takes none; other stores name their options differently
-    timeout = settings.ratelimit_storage_timeout_s
-    # No retries: each would add another timeout to a request that falls back to memory anyway.
-    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
-    if settings.ratelimit_storage_uri.startswith("redis+sentinel"):
-        # redis+sentinel://s1:26379,s2:26379/mymaster: the same bounds on asking the Sentinels who leads.
-        # (redis-py's default retries with backoff: 8 s a request with the Sentinels gone.)
-        options["sentinel_kwargs"] = {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}
-    return options

@@ -38,6 +38,7 @@ from gpupool_cli.node_cmds import add_node_parsers
 from gpupool_cli.output_cmds import add_output_parsers
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
+from gpupool_cli.status_cmds import add_status_parser
 from gpupool_cli.storage_cmds import EXIT_STORAGE_FAILED, add_storage_parsers, apply_volume, check_growth, storage_size
 from gpupool_cli.token_cmds import add_token_parsers
 from gpupool_cli.webhook_cmds import add_email_parsers, add_webhook_parsers
@@ -263,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_parsers(sub)
     add_storage_parsers(sub)
     add_output_parsers(sub)
+    add_status_parser(sub)
 
     runas = sub.add_parser("runas", help="the root helper that submits and cancels as tenants").add_subparsers(
         dest="runas_command", required=True
