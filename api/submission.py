@@ -10,7 +10,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, Integer, String, and_, bindparam, delete, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -622,6 +622,14 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
     return Quote(admitted.gpus, req.gpu_type, admitted.time_limit_min, cost, app.settings.currency, estimated)
 
 
+class Submitted(NamedTuple):
+    job: Job
+    replayed: bool
+    # A new job's callback endpoint's secret, kept from its insert: the answer needs no read after
+    # sbatch (the database may be gone by then). None without a callback_url, or on a replay.
+    callback_secret: str | None = None
+
+
 def submit(
     app: AppState,
     session: Session,
@@ -629,13 +637,13 @@ def submit(
     req: SubmitRequest,
     raw_body: dict[str, Any],
     idempotency_key: str | None,
-) -> tuple[Job, bool]:
-    """Create and submit the job; returns (job, replayed)."""
+) -> Submitted:
+    """Create and submit the job; returns (job, replayed, callback secret)."""
     with stage("admit"):
         admitted = _admit(app, session, caller, req, idempotency_key)
     fingerprint = request_fingerprint(raw_body)
     if admitted.keyed_job is not None:
-        return _replay(app, session, admitted.keyed_job, fingerprint), True
+        return Submitted(_replay(app, session, admitted.keyed_job, fingerprint), True)
 
     template = app.templates[req.template]
     _check_resources(app, req, admitted.gpus, template.max_gpus)
@@ -656,8 +664,9 @@ def submit(
         session.flush()  # the job row first: the models declare no relationships to order the inserts
         record = new_session(job.id, template, req.idle_timeout_min)
         session.add(record)
+    callback_secret = None
     if req.callback_url is not None:
-        add_job_callback(app.settings, session, job, req.callback_url)
+        callback_secret = add_job_callback(app.settings, session, job, req.callback_url).secret
     try:
         with stage("commit"):
             session.commit()  # the one durable write before sbatch: a job is never untracked
@@ -668,6 +677,6 @@ def submit(
         existing = _job_with_key(session, caller.account, caller.sub, idempotency_key)
         if existing is None:
             raise
-        return _replay(app, session, existing, fingerprint), True
+        return Submitted(_replay(app, session, existing, fingerprint), True)
     _run_sbatch(app, session, job, rendered, None if record is None else record.secret)
-    return job, False
+    return Submitted(job, False, callback_secret)

@@ -150,11 +150,15 @@ def test_a_submit_whose_record_fails_after_sbatch_is_answered_201_and_adopted_by
     own_settings: Settings, own_url: str, slurm: SlurmClient, slurm_account: str, token: dict[str, str], record_refused: Engine
 ) -> None:
     engine = db.make_engine(own_url)
-    client = app_on(own_settings, slurm, engine)
-    reply = client.post("/submit", json=HELLO, headers=token)
+    client = app_on(own_settings.replace(webhook_allow_cidrs=("127.0.0.0/8",)), slurm, engine)
+    reply = client.post("/submit", json={**HELLO, "callback_url": "http://127.0.0.1:9/hook"}, headers=token)
     assert reply.status_code == 201, reply.get_data(as_text=True)
     job_id = reply.get_json()["job_id"]
     slurm_job_id = reply.get_json()["slurm_job_id"]
+    # The callback's secret comes from the submit's own insert, not a read after sbatch.
+    with record_refused.connect() as connection:
+        stored = connection.execute(text("SELECT secret FROM webhook_endpoints WHERE job_id = :id"), {"id": job_id}).scalar_one()
+    assert reply.get_json()["callback_secret"] == stored
     # Exactly one job in Slurm, carrying the row's tag; the row is there, its id not recorded yet.
     assert account_queue(slurm_account) == [f"{slurm_job_id}|{job_tag(job_id)}"]
     sessions: sessionmaker = db.make_session_factory(record_refused)

@@ -3,6 +3,7 @@
 "Another host" is a connection of the test's own holding the timer's advisory lock, as
 a pass on another host holds it for as long as it runs. Slurm's commands are pointed
 at a folder without them: a pass that went on would fail on its first call.
+And any command whose database turns out read-only (a standby) says so and exits 1.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from sqlalchemy import func, select
@@ -55,3 +57,12 @@ def test_a_timer_whose_lock_another_host_holds_does_nothing_and_exits_0(
     alone = ledger.cli(*command, GPUPOOL_SLURM_BIN_DIR=no_slurm)
     assert says not in alone.stdout
     assert f"{no_slurm}/" in alone.stderr, (alone.stdout, alone.stderr)
+
+
+def test_a_command_on_a_read_only_database_says_so_and_exits_1(ledger: LedgerDb) -> None:
+    """A standby (PostgreSQL's own default_transaction_read_only here) refuses the write: a message, not a traceback."""
+    read_only = ledger.url + "?options=" + quote("-c default_transaction_read_only=on")
+    result = ledger.cli("price", "set", "rtx4090", "0.0002", "--from", "2020-02-01", GPUPOOL_DATABASE_URL=read_only)
+    assert result.returncode == 1
+    assert result.stderr.startswith("gpupool: error: the database is not answering or not taking writes (cannot execute"), result.stderr
+    assert "Traceback" not in result.stderr
