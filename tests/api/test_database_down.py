@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import sessionmaker
 
 from bench.support.services import add_account_row, cancel_account_jobs, create_database, drop_database
@@ -117,6 +118,24 @@ def test_a_read_only_database_refuses_the_submit_with_503_before_sbatch(
     ready = client.get("/readyz")
     assert ready.status_code == 503
     assert ready.get_json()["checks"]["database"] == "unavailable: read-only"
+
+
+def test_a_read_only_refusal_empties_the_pool(own_url: str) -> None:
+    """25006 from the server: the connection is dropped and the next one is new (libpq then picks the leader afresh)."""
+    engine = db.make_engine(own_url)
+    pid = text("SELECT pg_backend_pid()")
+    with engine.connect() as connection:
+        first = connection.scalar(pid)
+    with engine.connect() as connection:
+        assert connection.scalar(pid) == first  # pooled: the same server process
+        connection.execute(text("SET TRANSACTION READ ONLY"))
+        with pytest.raises(DBAPIError) as refused:
+            connection.execute(text("CREATE TABLE never_made (i int)"))
+    assert refused.value.orig is not None and refused.value.orig.pgcode == "25006"  # type: ignore[attr-defined]
+    assert refused.value.connection_invalidated
+    with engine.connect() as connection:
+        assert connection.scalar(pid) != first
+    engine.dispose()
 
 
 @pytest.fixture
