@@ -9,8 +9,8 @@ from typing import Any
 from flask import Flask
 from flask_limiter import Limiter
 from limits import parse as parse_limit
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from limits.storage import MemoryStorage
+from limits.strategies import FixedWindowRateLimiter
 from sqlalchemy.orm import sessionmaker
 from werkzeug.middleware.proxy_fix import ProxyFix
 
@@ -40,6 +40,7 @@ from gpupool.config import Settings, allowed_networks, load_settings
 from gpupool.db import ensure_migrated, make_engine, make_session_factory
 from gpupool.errors import ConfigError
 from gpupool.jobstate import JobStateRefresher
+from gpupool.ratelimit_store import storage_options
 from gpupool.slurm.client import SlurmClient
 from gpupool.templates import load_templates
 from gpupool.tokens import verification_key
@@ -65,7 +66,7 @@ def create_app(
     slurm = slurm or SlurmClient(settings)
     clock = clock or settings.calendar_clock()
     if session_factory is None:
-        engine = make_engine(settings.database_url)
+        engine = make_engine(settings.database_url, pre_ping=settings.database_pre_ping)
         ensure_migrated(engine)
         session_factory = make_session_factory(engine)
 
@@ -86,13 +87,16 @@ def create_app(
     limiter = Limiter(
         rate_limit_key,
         storage_uri=settings.ratelimit_storage_uri,
-        storage_options=_storage_options(settings),
+        storage_options=storage_options(settings),
         default_limits=[settings.ratelimit_default],
         # X-RateLimit-* headers cost a store round trip on every request;
         # a 429 still carries Retry-After (api.errors).
         headers_enabled=False,
         swallow_errors=False,
-        in_memory_fallback_enabled=False,
+        # Redis gone (or its Sentinel's master): flask-limiter counts in this process's memory, with
+        # the same limits, and goes back to the store once it answers a ping again (it retries after
+        # 1, 2, 4... 32 s). Limits then hold per gunicorn worker, not per cluster: degraded, never a 503.
+        in_memory_fallback_enabled=True,
         strategy="fixed-window",
         key_prefix="gpupool",
     )
@@ -119,6 +123,7 @@ def create_app(
         clock=clock,
         limiter=limiter,
         unauthenticated_limit=unauthenticated_limit,
+        unauthenticated_fallback=FixedWindowRateLimiter(MemoryStorage()),
         metrics_networks=allowed_networks(settings.metrics_allow_cidrs, "metrics_allow_cidrs"),
     )
     register_error_handlers(app)
@@ -148,12 +153,3 @@ def create_app(
         app, exempt_blueprints=PAGE_BLUEPRINTS | PROXY_BLUEPRINTS, exempt_endpoints=PUBLIC_PAGE_ENDPOINTS
     )
     return app
-
-
-def _storage_options(settings: Settings) -> dict[str, Any]:
-    """Timeouts for a Redis store: redis-py waits forever by default, so a hung Redis would hang every request."""
-    if not settings.ratelimit_storage_uri.startswith("redis"):
-        return {}  # memory:// takes none; other stores name their options differently
-    timeout = settings.ratelimit_storage_timeout_s
-    # No retries: each would add another timeout to a request that ends in 503 anyway.
-    return {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0)}

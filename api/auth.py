@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from flask import g, request, session
 from flask_limiter import RequestLimit
+from limits.errors import StorageError
+from redis.exceptions import RedisError
 from werkzeug.exceptions import TooManyRequests
 
 from api.context import app_state, db_session
@@ -37,6 +40,8 @@ PROXY_BLUEPRINTS = frozenset({"session_proxy"})
 # The endpoints that run a template: a template-limited API key is checked on these, and only
 # these have their body read here (tests/api/test_api_keys.py asserts they are the ones that submit).
 TEMPLATE_ENDPOINTS = frozenset({"submit.submit_job", "submit.quote_job"})
+
+log = logging.getLogger("gpupool.api")
 
 
 def authenticate() -> None:
@@ -82,7 +87,15 @@ def count_unauthenticated() -> None:
     state = app_state()
     limiter, limit = state.limiter, state.unauthenticated_limit
     args = ["gpupool", "unauthenticated", f"addr:{request.remote_addr}"]
-    if not limiter.limiter.hit(limit, *args):
+    try:
+        # flask-limiter's strategy: the in-memory one once it has found the store gone.
+        hit = limiter.limiter.hit(limit, *args)
+    except (RedisError, StorageError):
+        # This hook runs before the limiter's own check, which is what notices a store gone:
+        # count in this process's memory meanwhile, as the limiter then does (api.__init__).
+        log.warning("rate-limit store not answering: refused tokens counted in this process")
+        hit = state.unauthenticated_fallback.hit(limit, *args)
+    if not hit:
         # api.errors reads Retry-After off the request's current limit.
         limiter.context.view_rate_limit = RequestLimit(limiter, limit, args, True, False)
         raise TooManyRequests(str(limit))

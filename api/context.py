@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from flask import current_app, g
 from flask_limiter import Limiter
 from limits import RateLimitItem
+from limits.strategies import RateLimiter
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.caches import ExpiringCache, TimedCache
@@ -36,6 +37,8 @@ class AppState:
     limiter: Limiter
     # Requests without a valid token, per client address (api.auth.count_unauthenticated).
     unauthenticated_limit: RateLimitItem
+    # The same, counted in this process while the rate-limit store is not answering.
+    unauthenticated_fallback: RateLimiter
     # Who may read /metrics (api.metrics).
     metrics_networks: tuple[Network, ...]
 

@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from api.context import app_state
 from gpupool import errors as e
+from gpupool.db import is_failover_error
 
 log = logging.getLogger("gpupool.api")
 
@@ -79,7 +80,11 @@ def _retry_after_s() -> int:
     limit = app_state().limiter.current_limit
     if limit is None:
         return 1
-    return max(1, math.ceil(limit.reset_at - time.time()))
+    try:
+        return max(1, math.ceil(limit.reset_at - time.time()))
+    except (redis.exceptions.RedisError, limits.errors.StorageError):
+        # Counted in memory while the store is gone (api.auth): a whole window is the safe answer.
+        return max(1, limit.limit.get_expiry())
 
 
 def register_error_handlers(app: Flask) -> None:
@@ -113,8 +118,9 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(DBAPIError)
     def _database_error(error: DBAPIError) -> Response:
         log.warning("database error: %s", error)
-        if isinstance(error, OperationalError) or error.connection_invalidated:
-            response = error_response(503, "database_unavailable", "the database is not answering; retry shortly")
+        if is_failover_error(error):
+            # Gone, shutting down, or read-only (a failover under way): the next try may reach the new leader.
+            response = error_response(503, "database_unavailable", "the database is not answering or not taking writes; retry shortly")
             response.headers["Retry-After"] = "5"
             return response
         return error_response(500, "internal_error", "unexpected database error")

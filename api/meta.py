@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
-from sqlalchemy import text
 
 from api.context import app_state
 from api.errors import error_response
 from api.openapi import openapi_document
 from api.routing import PUBLIC, Reply, operation
 from api.schemas import TemplateList, TemplateOut
+from gpupool.db import read_only_reason
 from gpupool.errors import ServiceUnavailable
 from gpupool.members import ALL_ROLES
 
@@ -30,8 +30,9 @@ def readyz() -> Response:
     checks: dict[str, str] = {}
     try:
         with app.session_factory() as session:
-            session.execute(text("SELECT 1"))
-        checks["database"] = "ok"
+            read_only = read_only_reason(session)
+        # A host that takes no writes serves no submit: a load balancer should stop sending here.
+        checks["database"] = "ok" if read_only is None else f"unavailable: {read_only}"
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         checks["database"] = f"unavailable: {type(exc).__name__}"
     try:

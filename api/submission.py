@@ -10,10 +10,10 @@ import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, Integer, String, and_, bindparam, delete, func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql import Executable
@@ -25,7 +25,7 @@ from billing.budgets import WorstCase, check_spend, lock_budget, worst_case
 from billing.prices import load_prices
 from gpupool.config import Settings, allowed_networks
 from gpupool.containers import docker_runtime_refusal
-from gpupool.db import UTCDateTime, utcnow
+from gpupool.db import UTCDateTime, is_failover_error, utcnow
 from gpupool.errors import (
     CommandTimedOut,
     Conflict,
@@ -324,7 +324,22 @@ def _run_sbatch(app: AppState, session: Session, job: Job, rendered: RenderedJob
         raise explained from exc
     log.info("job %s submitted as Slurm job %s (account %s, %s x gpu)", job.id, slurm_job_id, job.account, job.gpus)
     with stage("record"):
-        _record_submitted(session, job, slurm_job_id)
+        try:
+            _record_submitted(session, job, slurm_job_id)
+        except DBAPIError as exc:
+            if not is_failover_error(exc):
+                raise
+            # The database went away (or read-only: a failover) between the row's commit and this
+            # update. The job is in Slurm and its row, committed before sbatch, carries its tag:
+            # the refresher adopts it by that tag once the database is back (jobstate's
+            # _submission_values), so the submit is answered 201 rather than retried into a twin.
+            log.warning(
+                "job %s submitted as Slurm job %s, but its id was not recorded (%s); the refresher adopts it by its tag",
+                job.id, slurm_job_id, exc.orig,
+            )
+            session.expunge(job)  # kept as loaded: a rollback would expire it, and reloading needs the database
+            session.rollback()
+            _note_submitted(job, slurm_job_id, job.submitted_at or utcnow(), utcnow())
 
 
 # Built once, its values bound at each execution: building the UPDATE anew cost
@@ -364,6 +379,11 @@ def _record_submitted(session: Session, job: Job, slurm_job_id: int) -> None:
         statement = _RECORD_ASYNC_COMMIT if bind.dialect.name == "postgresql" else _RECORD
         session.connection().execute(statement, params).close()
         session.commit()
+    _note_submitted(job, slurm_job_id, submitted_at, now)
+
+
+def _note_submitted(job: Job, slurm_job_id: int, submitted_at: dt.datetime, now: dt.datetime) -> None:
+    """What the submit answers, on ``job`` without a flush: Slurm's id and PENDING."""
     values = {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": submitted_at, "updated_at": now}
     for name, value in values.items():
         set_committed_value(job, name, value)
@@ -386,7 +406,8 @@ def _execute_alone(session: Session, statement: Executable, params: dict[str, An
     try:
         connection.execute(statement, params).close()
     finally:
-        driver.autocommit = False
+        if not driver.closed:  # a server gone mid-statement closed it: setting the flag would raise over the error
+            driver.autocommit = False
     session.commit()
 
 
@@ -601,6 +622,14 @@ def quote(app: AppState, session: Session, caller: Principal, req: SubmitRequest
     return Quote(admitted.gpus, req.gpu_type, admitted.time_limit_min, cost, app.settings.currency, estimated)
 
 
+class Submitted(NamedTuple):
+    job: Job
+    replayed: bool
+    # A new job's callback endpoint's secret, kept from its insert: the answer needs no read after
+    # sbatch (the database may be gone by then). None without a callback_url, or on a replay.
+    callback_secret: str | None = None
+
+
 def submit(
     app: AppState,
     session: Session,
@@ -608,13 +637,13 @@ def submit(
     req: SubmitRequest,
     raw_body: dict[str, Any],
     idempotency_key: str | None,
-) -> tuple[Job, bool]:
-    """Create and submit the job; returns (job, replayed)."""
+) -> Submitted:
+    """Create and submit the job; returns (job, replayed, callback secret)."""
     with stage("admit"):
         admitted = _admit(app, session, caller, req, idempotency_key)
     fingerprint = request_fingerprint(raw_body)
     if admitted.keyed_job is not None:
-        return _replay(app, session, admitted.keyed_job, fingerprint), True
+        return Submitted(_replay(app, session, admitted.keyed_job, fingerprint), True)
 
     template = app.templates[req.template]
     _check_resources(app, req, admitted.gpus, template.max_gpus)
@@ -635,8 +664,9 @@ def submit(
         session.flush()  # the job row first: the models declare no relationships to order the inserts
         record = new_session(job.id, template, req.idle_timeout_min)
         session.add(record)
+    callback_secret = None
     if req.callback_url is not None:
-        add_job_callback(app.settings, session, job, req.callback_url)
+        callback_secret = add_job_callback(app.settings, session, job, req.callback_url).secret
     try:
         with stage("commit"):
             session.commit()  # the one durable write before sbatch: a job is never untracked
@@ -647,6 +677,6 @@ def submit(
         existing = _job_with_key(session, caller.account, caller.sub, idempotency_key)
         if existing is None:
             raise
-        return _replay(app, session, existing, fingerprint), True
+        return Submitted(_replay(app, session, existing, fingerprint), True)
     _run_sbatch(app, session, job, rendered, None if record is None else record.secret)
-    return job, False
+    return Submitted(job, False, callback_secret)

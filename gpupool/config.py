@@ -59,7 +59,17 @@ _PATH_FIELDS = ("templates_dir", "job_root", "storage_root", "runas_socket", "jw
 
 @dataclass(frozen=True)
 class Settings:
+    # One database host, or libpq's host list for a cluster that fails over (Patroni):
+    # postgresql://gpupool@db1:5432,db2:5432/gpupool?target_session_attrs=read-write
+    # (libpq connects to whichever host takes writes; gpupool.db.normalize_url).
     database_url: str = "sqlite:///var/gpupool.db"
+    # A round trip before each request's first statement, so that not even the first request
+    # after a failover fails (503). Off: SQLAlchemy empties a worker's pool on the first
+    # connection that failed, and only that one request answers 503.
+    database_pre_ping: bool = False
+    # Patroni's REST API on each database host (http://db1:8008,http://db2:8008): `gpupool status`
+    # reads the members, their roles and lag from /cluster. Empty: it asks PostgreSQL alone.
+    patroni_urls: tuple[str, ...] = ()
     # The billing commands connect here (empty: database_url), as a role that may only add ledger rows.
     billing_database_url: str = ""
     # PostgreSQL roles of the API and of billing: `gpupool db upgrade` grants them
@@ -294,6 +304,9 @@ class Settings:
             raise ConfigError("refresh_interval_s must be positive")
         if self.storage_meter_interval_s <= 0:
             raise ConfigError("storage_meter_interval_s must be positive")
+        for url in self.patroni_urls:
+            if not re.fullmatch(r"https?://[!-~]+", url):
+                raise ConfigError(f"patroni_urls must be http(s) URLs of Patroni's REST API, not {url!r}")
         if self.ratelimit_storage_timeout_s <= 0:
             raise ConfigError("ratelimit_storage_timeout_s must be positive")
         if self.webhook_timeout_s <= 0:

@@ -24,6 +24,7 @@ from billing.storage import STORAGE_PRICE, set_storage_price, storage_price_tabl
 from gpupool import audit, db
 from gpupool.clock import utc_text
 from gpupool.config import Settings
+from gpupool.db.locks import BILLING_RUN, alone
 from gpupool.errors import GpupoolError, NotFound, ValidationFailed
 from gpupool.models import Account, Adjustment
 from gpupool.slurm.client import SlurmClient
@@ -86,6 +87,17 @@ def _describe(report: passes.PassReport) -> str:
 
 def cmd_billing_run(settings: Settings, args: argparse.Namespace) -> int:
     sessions = _billing_sessions(settings)
+    if args.since is not None or args.until is not None:
+        return _billing_run(settings, sessions, args)  # an operator's backfill: each window waits on the pass lock
+    # The timer's run, on every API host: once per cluster (gpupool.db.locks).
+    with sessions() as lock_session, alone(lock_session, BILLING_RUN) as first:
+        if not first:
+            print("another billing run holds the lock (this host or another): this one did nothing")
+            return 0
+        return _billing_run(settings, sessions, args)
+
+
+def _billing_run(settings: Settings, sessions: sessionmaker, args: argparse.Namespace) -> int:
     slurm = SlurmClient(settings)
     try:
         if args.since is None and args.until is None:

@@ -16,11 +16,13 @@ import sys
 from collections.abc import Sequence
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 
 from billing.money import format_nanos
 from gpupool import audit, db
 from gpupool.config import MAX_SUBMIT_JOBS, Settings, load_settings
 from gpupool.containers import docker_runtime_refusal
+from gpupool.db import is_failover_error
 from gpupool.db.roles import API, BILLING, EMAIL, WEBHOOKS, ServiceRoles, apply_grants
 from gpupool.errors import ConfigError, GpupoolError
 from gpupool.members import identities
@@ -38,6 +40,7 @@ from gpupool_cli.node_cmds import add_node_parsers
 from gpupool_cli.output_cmds import add_output_parsers
 from gpupool_cli.report_cmds import add_report_parsers
 from gpupool_cli.session_cmds import add_session_parsers
+from gpupool_cli.status_cmds import add_status_parser
 from gpupool_cli.storage_cmds import EXIT_STORAGE_FAILED, add_storage_parsers, apply_volume, check_growth, storage_size
 from gpupool_cli.token_cmds import add_token_parsers
 from gpupool_cli.webhook_cmds import add_email_parsers, add_webhook_parsers
@@ -263,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_parsers(sub)
     add_storage_parsers(sub)
     add_output_parsers(sub)
+    add_status_parser(sub)
 
     runas = sub.add_parser("runas", help="the root helper that submits and cancels as tenants").add_subparsers(
         dest="runas_command", required=True
@@ -289,6 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(settings, args)
     except GpupoolError as exc:
         print(f"gpupool: error: {exc.message}", file=sys.stderr)
+        return 1
+    except DBAPIError as exc:
+        if not is_failover_error(exc):
+            raise
+        # Gone or read-only mid-command (a failover): a message and 1, as for any dependency down.
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+        print(f"gpupool: error: the database is not answering or not taking writes ({reason}); retry shortly", file=sys.stderr)
         return 1
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpupool import db
 from gpupool.config import Settings
+from gpupool.db.locks import SESSIONS_SWEEP, alone
 from gpupool.errors import ConfigError, GpupoolError
 from gpupool.jobstate import JobStateRefresher
 from gpupool.proxy import ProxyConfig, render_sessions_conf, standalone_nginx_conf
@@ -20,14 +21,19 @@ from gpupool.slurm.client import SlurmClient
 from gpupool.webhooks.outbox import output_counter
 
 
-def _sweep_once(settings: Settings, refresher: JobStateRefresher, sessions: Any, slurm: SlurmClient) -> list[str]:
-    # States first: the sweep looks at running sessions only, as Slurm last said.
-    try:
-        refresher.refresh()
-    except GpupoolError as exc:
-        logging.getLogger("gpupool.sessions").warning("job states not refreshed: %s", exc.message)
-    with sessions() as session:
-        return sweep_idle(session, settings, slurm, db.utcnow())
+def _sweep_once(settings: Settings, refresher: JobStateRefresher, sessions: Any, slurm: SlurmClient) -> list[str] | None:
+    """One sweep, or None while another host's (or process's) sweep holds the lock: once per cluster."""
+    with sessions() as lock_session, alone(lock_session, SESSIONS_SWEEP) as first:
+        if not first:
+            logging.getLogger("gpupool.sessions").info("another sweep holds the lock: this one does nothing")
+            return None
+        # States first: the sweep looks at running sessions only, as Slurm last said.
+        try:
+            refresher.refresh()
+        except GpupoolError as exc:
+            logging.getLogger("gpupool.sessions").warning("job states not refreshed: %s", exc.message)
+        with sessions() as session:
+            return sweep_idle(session, settings, slurm, db.utcnow())
 
 
 def cmd_sessions_sweep(settings: Settings, args: argparse.Namespace) -> int:
@@ -43,6 +49,9 @@ def cmd_sessions_sweep(settings: Settings, args: argparse.Namespace) -> int:
     try:
         if args.every_s is None:
             stopped = _sweep_once(settings, refresher, sessions, slurm)
+            if stopped is None:
+                print("another sweep holds the lock (this host or another): this one did nothing")
+                return 0
             print(f"{len(stopped)} idle session(s) cancelled" + "".join(f"\n  {job_id}" for job_id in stopped))
             return 0
         stopping = False

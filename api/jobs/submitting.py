@@ -112,7 +112,7 @@ def submit_job() -> tuple[Response, int] | tuple[Response, int, dict[str, str]]:
     if _dry_run_arg():
         return quote_job()
     body, req = _submit_body()
-    job, replayed = submit(app_state(), db_session(), principal(), req, body, _idempotency_key())
+    job, replayed, callback_secret = submit(app_state(), db_session(), principal(), req, body, _idempotency_key())
     headers = {"Location": url_for("jobs.get_job", job_id=job.id)}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
@@ -120,7 +120,8 @@ def submit_job() -> tuple[Response, int] | tuple[Response, int, dict[str, str]]:
         JOBS_SUBMITTED.labels(template=job.template).inc()
     view = job_view(job)
     if req.callback_url is not None:
-        view["callback_secret"] = job_callback_secret(db_session(), job.id)
+        # A new job's from its insert; a replay's read back.
+        view["callback_secret"] = callback_secret if callback_secret is not None else job_callback_secret(db_session(), job.id)
     return jsonify(view), 201, headers
 
 

@@ -443,7 +443,7 @@ def submit_job() -> BaseResponse | tuple[str, int]:
             return _submit_page(template_name, entered=entered, error=None, quoted=found, quoted_body=fingerprint)
         # The form's one-time key: a double click or a resent form submits the job once.
         key = entered.get(_SUBMISSION_FIELD) or None
-        job, replayed = submit(app_state(), db_session(), principal(), req, body, key)
+        job, replayed, _secret = submit(app_state(), db_session(), principal(), req, body, key)
     except GpupoolError as exc:
         if status_for(exc) >= 500 and "job_id" not in exc.details:
             raise

@@ -10,16 +10,17 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import DateTime, Engine, Float, create_engine, event, literal
-from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import DateTime, Engine, Float, create_engine, event, literal, text
+from sqlalchemy.engine import Connection, Dialect, ExceptionContext
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.orm import DeclarativeBase, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
@@ -85,14 +86,34 @@ utcnow = system_clock
 
 
 def normalize_url(url: str) -> str:
-    """Plain ``postgresql://`` URLs mean psycopg2, the driver gpupool ships with."""
+    """Plain ``postgresql://`` URLs mean psycopg2, the driver gpupool ships with.
+
+    libpq's multi-host form, ``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``
+    (the database hosts of a Patroni cluster, libpq connecting to whichever takes writes), is
+    rewritten to SQLAlchemy's spelling of the same, ``postgresql+psycopg2://u@/db?host=h1:5432&host=h2:5432&...``:
+    SQLAlchemy's URL parser reads one port per URL, and ``h1:5432,h2:5432`` is not one.
+    psycopg2 hands both hosts to libpq as ``host=h1,h2 port=5432,5432``.
+    """
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg2://" + url[len(prefix):]
+            url = "postgresql+psycopg2://" + url[len(prefix):]
+    if url.startswith("postgresql"):
+        return _hosts_as_query(url)
     return url
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def _hosts_as_query(url: str) -> str:
+    """``scheme://user@h1:p1,h2:p2/db?q`` as ``scheme://user@/db?host=h1:p1&host=h2:p2&q``; any other URL as it is."""
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if "," not in hostlist:
+        return url
+    hosts = [host for host in hostlist.split(",") if host]
+    query = urlencode([("host", host) for host in hosts], safe=":[]") + ("&" + parts.query if parts.query else "")
+    return urlunsplit((parts.scheme, userinfo + at, parts.path, query, parts.fragment))
+
+
+def make_engine(url: str, *, pre_ping: bool = False, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     if url.startswith("sqlite"):
         path = url.removeprefix("sqlite:///")
@@ -109,14 +130,59 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.close()
 
         return engine
-    # No pre-ping: it costs a round trip per request. A connection that died with
-    # the server fails one request (503) and SQLAlchemy then recycles the pool.
+    # Pre-ping (``pre_ping``, the setting database_pre_ping) costs a round trip per request: off
+    # by default. Without it a connection that died with the server (a failover) fails one
+    # request, which answers 503, and SQLAlchemy then empties the pool: the next request
+    # connects afresh, through libpq's host list, to whichever host leads now.
+    # connect_timeout is libpq's, per host of a host list.
     kwargs.setdefault("connect_args", {"connect_timeout": 5})
+    kwargs.setdefault("pool_pre_ping", pre_ping)
     if url.startswith("postgresql+psycopg2"):
         # An UPDATE of many rows (the refresher's first pass over a 10,000-job queue)
         # goes 100 statements a round trip through execute_batch, not one each.
         kwargs.setdefault("executemany_mode", "values_plus_batch")
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    event.listen(engine, "handle_error", _server_gone_or_read_only)
+    return engine
+
+
+# SQLSTATEs after which a connection is worth nothing: the server shut down or is
+# starting (a Patroni switchover or restart: 57P01 admin_shutdown, 57P02 crash_shutdown,
+# 57P03 cannot_connect_now), or it no longer takes writes (25006 read_only_sql_transaction:
+# a demoted leader, a standby behind a stale address). libpq does not call the last a
+# disconnect; without this the pool would keep handing out connections to a host that
+# refuses every write.
+FAILOVER_SQLSTATES = frozenset({"25006", "57P01", "57P02", "57P03"})
+
+
+def _server_gone_or_read_only(context: ExceptionContext) -> None:
+    """Mark the failover errors as disconnects, so SQLAlchemy empties the pool (SQLAlchemy's documented hook)."""
+    if getattr(context.original_exception, "pgcode", None) in FAILOVER_SQLSTATES:
+        context.is_disconnect = True
+
+
+def is_failover_error(error: BaseException) -> bool:
+    """True for an error the database's absence or a failover explains: the caller should retry, not report a bug."""
+    if isinstance(error, DBAPIError) and (error.connection_invalidated or isinstance(error, OperationalError)):
+        return True
+    return getattr(getattr(error, "orig", None), "pgcode", None) in FAILOVER_SQLSTATES
+
+
+def read_only_reason(session: Session) -> str | None:
+    """Why this connection's database takes no writes (a standby, a demoted leader), or None when it does.
+
+    ``transaction_read_only`` is on in a hot standby's every transaction and wherever
+    ``default_transaction_read_only`` is: one round trip says both. SQLite always takes writes.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(text("SELECT 1"))
+        return None
+    row = session.execute(text("SELECT current_setting('transaction_read_only'), pg_is_in_recovery()")).one()
+    if row[1]:
+        return "a standby (in recovery)"
+    if row[0] == "on":
+        return "read-only"
+    return None
 
 
 def make_session_factory(bind: Engine | Connection, **kwargs: Any) -> sessionmaker:

@@ -1,6 +1,12 @@
 """One process at a time across every host that shares the database: PostgreSQL advisory locks.
 
 Each key is a 64-bit number of gpupool's own, listed here so that no two uses share one.
+
+The timers that must run once per cluster take their key with ``alone`` and, when
+another host's pass holds it, say so and exit 0: every API host may run every timer
+(docs/operator-guide.md, "Several hosts"). The webhook sender and the email outbox
+need no key: each claims its rows (``FOR UPDATE SKIP LOCKED`` and a lease), so two
+of them never deliver one row twice.
 """
 
 from __future__ import annotations
@@ -13,6 +19,13 @@ from sqlalchemy.orm import Session
 
 # `gpupool idle check`: one pass at a time (gpupool.gpu_usage.idle). The bytes spell "gp-idle".
 IDLE_CHECK = 0x67_70_2D_69_64_6C_65
+# `gpupool billing run` (the billing timer): the pass, the budgets pushed to Slurm, the output
+# retention and the cancels of exhausted accounts, once per cluster. The pass alone would be
+# safe (its billing_state row lock makes a second wait, then add nothing), the rest would be done
+# twice. The bytes spell "gp-bill".
+BILLING_RUN = 0x67_70_2D_62_69_6C_6C
+# `gpupool sessions sweep`: one sweep of idle sessions at a time. The bytes spell "gp-swee".
+SESSIONS_SWEEP = 0x67_70_2D_73_77_65_65
 # One account's budget check at a time (billing.budgets.lock_budget): the first key of the
 # two-key form, whose key space PostgreSQL keeps apart from the 64-bit keys above; the
 # second is hashtext(account). The bytes spell "gpbu".

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gpupool.cluster_status import Controller, StatusParseError, parse_scontrol_ping
 from gpupool.config import Settings
 from gpupool.errors import CommandFailed, NotFound, SlurmRejected, SlurmUnavailable, SubmissionUncertain
 from gpupool.metrics import observe_slurm_commands
@@ -556,6 +557,15 @@ class SlurmClient:
         if "UP" not in result.stdout:
             raise SlurmUnavailable(f"slurmctld is not answering: {result.stdout.strip() or result.stderr.strip()}")
         return True
+
+    def controllers(self) -> list[Controller]:
+        """Every slurmctld of slurm.conf (primary, backups) and whether it answers: ``scontrol ping``, read."""
+        # Exits 1 when none answers: its lines still say which is which.
+        result = self._command("scontrol", ["ping"], check=False)
+        try:
+            return parse_scontrol_ping(result.stdout)
+        except StatusParseError as exc:
+            raise SlurmUnavailable(f"scontrol ping: {exc} {result.stderr.strip()}".strip()) from exc
 
     def gpu_inventory(self) -> GpuInventory:
         result = self._command(
