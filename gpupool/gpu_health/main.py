@@ -164,7 +164,8 @@ def end_failed_gpu_jobs(config: CheckConfig, node: str, findings: tuple[Finding,
         except (CommandFailed, CommandTimedOut) as exc:
             print(f"gpupool-gpu-check: {node}: could not {action} job {hit.job_id} ({exc.message})", file=sys.stderr)
             continue
-        print(f"gpupool-gpu-check: {node}: job {hit.job_id}: {action}ed: {hit.failure.reason}", file=sys.stderr)
+        done = "requeued" if hit.requeue else "cancelled"
+        print(f"gpupool-gpu-check: {node}: job {hit.job_id}: {done}: {hit.failure.reason}", file=sys.stderr)
 
 
 def _report(verdict: Verdict, node: str) -> None:

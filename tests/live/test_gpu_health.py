@@ -20,7 +20,9 @@ webhook. A spot job on the failed GPU is requeued instead, and so is a
 full-price job submitted with requeue_on_failure (sbatch --requeue); either's
 failed run is credited. Not here: the operator's email and the sender's POST of
 node.drained (tests/billing/test_gpu_failure_credits.py has them), and the
-multinode tier's requeue onto a healthy node (tests/multinode, not written).
+requeue onto a healthy node, which needs a second node (tests/multinode/test_node_failure.py).
+A job whose processes die as its GPU fails, before the check runs, is ended by
+the fault, not the check: the drain that follows credits its FAILED run.
 """
 
 from __future__ import annotations
