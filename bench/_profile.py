@@ -125,7 +125,7 @@ class CpuMeter:
     """CPU seconds of each side's components over the blocks measured for it."""
 
     components: dict[str, Sequence[Component]]
-    spent: dict[str, Counter[str]] = field(default_factory=dict)
+    spent: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @contextmanager
     def measure(self, side: str) -> Iterator[None]:
@@ -133,12 +133,12 @@ class CpuMeter:
         before = [part.ticks() for part in parts]
         yield
         after = [part.ticks() for part in parts]
-        spent = self.spent.setdefault(side, Counter())
+        spent = self.spent.setdefault(side, {})
         for part, start, end in zip(parts, before, after, strict=True):
-            spent[part.name] += (end - start) / CLOCK_TICKS
+            spent[part.name] = spent.get(part.name, 0.0) + (end - start) / CLOCK_TICKS
 
     def per_job_ms(self, side: str, jobs: int) -> list[tuple[str, float]]:
-        return [(part.name, self.spent.get(side, Counter())[part.name] * 1000 / jobs) for part in self.components[side]]
+        return [(part.name, self.spent.get(side, {}).get(part.name, 0.0) * 1000 / jobs) for part in self.components[side]]
 
 
 def bench_process(reaped: bool) -> Component:
