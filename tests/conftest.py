@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import secrets
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,3 +234,11 @@ def new_uuid() -> str:
 
 def utc(text_value: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text_value.replace("Z", "+00:00"))
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on: bound and never listened to, so connects are refused."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]

@@ -10,7 +10,6 @@ to the app's connections, as a demoted leader or a standby refuses writes
 from __future__ import annotations
 
 import secrets
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,13 +54,6 @@ def token(own_settings: Settings, slurm_account: str) -> dict[str, str]:
     """A token recorded in the module's database (no rolled-back session is open in these tests)."""
     return bearer(own_settings, slurm_account, role="admin")
 
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port nothing listens on: bound and never listened to, so connects are refused."""
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        yield holder.getsockname()[1]
 
 
 def app_on(settings: Settings, slurm: SlurmClient, engine: Engine) -> FlaskClient:

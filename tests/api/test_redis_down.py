@@ -19,13 +19,6 @@ from tests.conftest import bearer, create_app_for_tests, wait_for
 HELLO = {"template": "hello", "gpus": 1, "params": {"message": "no redis", "seconds": 1}}
 
 
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    """A loopback port nothing listens on: bound and never listened to, so connects are refused."""
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        yield holder.getsockname()[1]
-
 
 @pytest.fixture
 def silent_port() -> Iterator[int]:

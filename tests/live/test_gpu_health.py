@@ -36,6 +36,7 @@ import os
 import signal
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ from gpupool.gpu_health.check import promised_gpu_devices
 from gpupool.models import NodeHealthEvent, WebhookEndpoint, WebhookEvent
 from gpupool.proc import run_command
 from gpupool.slurm.client import SlurmClient
-from gpupool.slurm.parse import unpredictable_delimiter
+from gpupool.slurm.parse import parse_elapsed, unpredictable_delimiter
 from gpupool_cli import main as cli_main
 from tests.conftest import wait_for_state
 
@@ -182,20 +183,43 @@ def add_endpoint(session_factory: sessionmaker, account: str) -> None:
         ))
 
 
-def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_brings_the_node_back(
-    node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], account: str, settings: Settings,
-    session_factory: sessionmaker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: str
+    slurm_job_id: int
+    since: dt.datetime  # a billing window's start that holds the job's runs
+
+
+@contextlib.contextmanager
+def job_on_every_gpu(
+    node: LocalNode, client: FlaskClient, auth: dict[str, str], session_factory: sessionmaker, account: str,
+    message: str, **asked: bool,
+) -> Iterator[RunningJob]:
+    """A 10-minute job holding all the node's GPUs (so no other job holds the one that fails), running, the GPUs known
+    to the check, and the account's endpoint hearing job.failed; cancelled afterwards whatever happened."""
     node.answer_healthy()
     since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
     add_endpoint(session_factory, account)
     created = client.post("/submit", headers=auth, json={
-        "template": "hello", "gpus": len(node.devices), "params": {"message": "gpu check", "seconds": 600},
+        "template": "hello", "gpus": len(node.devices), **asked, "params": {"message": message, "seconds": 600},
     }).get_json()
+    assert all(created[key] is True for key in asked), created
     job_id = created["job_id"]
     try:
         wait_for_state(client, job_id, auth, {"RUNNING"}, timeout_s=60)
+        slurm_job_id = client.get(f"/jobs/{job_id}", headers=auth).get_json()["slurm_job_id"]
         wait_for(node.knows_bus_ids, timeout_s=node.interval_s * 2 + 30, interval_s=1, what="a healthy check to read the GPUs")
+        yield RunningJob(job_id, slurm_job_id, since)
+    finally:
+        client.delete(f"/jobs/{job_id}", headers=auth)
+
+
+def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_brings_the_node_back(
+    node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], account: str, settings: Settings,
+    session_factory: sessionmaker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    with job_on_every_gpu(node, client, auth, session_factory, account, "gpu check") as job:
+        job_id, slurm_job_id, since = job.job_id, job.slurm_job_id, job.since
         # While this job holds all the node's GPUs no other job holds the one that fails: the check ends this one alone.
         node.answer_fallen_off_the_bus(1)
 
@@ -253,8 +277,6 @@ def test_a_gpu_falling_off_the_bus_under_a_job_ends_it_credits_it_and_resume_bri
         with session_factory() as session:
             row = audit.events(session, limit=1)[0]
         assert (row.action, row.target, (row.details or {}).get("reason_before")) == ("node.resume", node.name, reason)
-    finally:
-        client.delete(f"/jobs/{job_id}", headers=auth)
 
 
 @pytest.mark.parametrize("asked", [{"preemptible": True}, {"requeue_on_failure": True}], ids=["spot", "requeue_on_failure"])
@@ -264,18 +286,8 @@ def test_a_job_that_may_be_requeued_is_requeued_off_a_gpu_that_fails_and_its_fai
 ) -> None:
     if "requeue_on_failure" in asked and '"requeue"' not in INSTALLED_JOBS_MODULE.read_text():
         pytest.skip(f"{INSTALLED_JOBS_MODULE} predates requeue_on_failure (make cluster installs this checkout's check)")
-    node.answer_healthy()
-    since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
-    add_endpoint(session_factory, account)
-    created = client.post("/submit", headers=auth, json={
-        "template": "hello", "gpus": len(node.devices), **asked, "params": {"message": "requeue", "seconds": 600},
-    }).get_json()
-    assert all(created[key] is True for key in asked), created
-    job_id = created["job_id"]
-    try:
-        wait_for_state(client, job_id, auth, {"RUNNING"}, timeout_s=60)
-        slurm_job_id = client.get(f"/jobs/{job_id}", headers=auth).get_json()["slurm_job_id"]
-        wait_for(node.knows_bus_ids, timeout_s=node.interval_s * 2 + 30, interval_s=1, what="a healthy check to read the GPUs")
+    with job_on_every_gpu(node, client, auth, session_factory, account, "requeue", **asked) as job:
+        job_id, slurm_job_id, since = job.job_id, job.slurm_job_id, job.since
         node.answer_fallen_off_the_bus(0)
 
         wait_for_gpu_drain(slurm, node)
@@ -295,8 +307,13 @@ def test_a_job_that_may_be_requeued_is_requeued_off_a_gpu_that_fails_and_its_fai
             [event] = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed"))
         assert event.payload["data"]["gpu_failure"]["requeued"] is True
         assert float(event.payload["data"]["credited"]) > 0
-    finally:
-        client.delete(f"/jobs/{job_id}", headers=auth)
+
+
+def run_seconds(slurm_job_id: int) -> int:
+    """How long the job's current run has run, as slurmctld counts it (scontrol's RunTime=[D-]HH:MM:SS)."""
+    line = run_command(["scontrol", "--oneliner", "show", "job", str(slurm_job_id)], timeout_s=30).stdout
+    words = dict(word.partition("=")[::2] for word in line.split() if "=" in word)
+    return parse_elapsed(words.get("RunTime", "00:00:00"))
 
 
 def kill_the_jobs_processes(slurm_job_id: int) -> None:
@@ -313,19 +330,12 @@ def test_a_job_that_crashes_as_its_gpu_fails_before_the_check_runs_is_credited_b
     node: LocalNode, slurm: SlurmClient, client: FlaskClient, auth: dict[str, str], account: str, settings: Settings,
     session_factory: sessionmaker, tmp_path: Path,
 ) -> None:
-    node.answer_healthy()
-    since = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=1)
-    add_endpoint(session_factory, account)
-    created = client.post("/submit", headers=auth, json={
-        "template": "hello", "gpus": len(node.devices), "params": {"message": "crash", "seconds": 600},
-    }).get_json()
-    job_id = created["job_id"]
-    try:
-        wait_for_state(client, job_id, auth, {"RUNNING"}, timeout_s=60)
-        slurm_job_id = client.get(f"/jobs/{job_id}", headers=auth).get_json()["slurm_job_id"]
-        wait_for(node.knows_bus_ids, timeout_s=node.interval_s * 2 + 30, interval_s=1, what="a healthy check to read the GPUs")
+    with job_on_every_gpu(node, client, auth, session_factory, account, "crash") as job:
+        job_id, slurm_job_id, since = job.job_id, job.slurm_job_id, job.since
         # The GPU falls off the bus and takes the job's processes with it, between two checks: the next check finds
         # the fault, but no job on the GPU to end.
+        # Some seconds into its run: a run of 0 s is charged nothing, so has nothing to credit.
+        wait_for(lambda: run_seconds(slurm_job_id) >= 3, timeout_s=60, interval_s=0.5, what="the job to run a few seconds")
         kill_the_jobs_processes(slurm_job_id)
         crashed_at = dt.datetime.now(dt.UTC)
         node.answer_fallen_off_the_bus(2)
@@ -361,8 +371,6 @@ def test_a_job_that_crashes_as_its_gpu_fails_before_the_check_runs_is_credited_b
         with session_factory() as session:
             events = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed")).all()
         assert [event.payload["data"]["gpu_failure"]["gpu"] for event in events] == [lost]
-    finally:
-        client.delete(f"/jobs/{job_id}", headers=auth)
 
 
 def test_a_missing_device_file_drains_the_node_where_there_is_no_nvidia_smi(node: LocalNode, slurm: SlurmClient) -> None:

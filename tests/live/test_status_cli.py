@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +24,6 @@ from tests.live.test_cli import run_cli
 
 RECORDED = Path(__file__).resolve().parent.parent / "unit" / "fixtures" / "status"
 
-
-@pytest.fixture
-def closed_port() -> Iterator[int]:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        yield holder.getsockname()[1]
 
 
 @pytest.fixture
