@@ -1,8 +1,10 @@
-"""Real hosts (deploy/realhosts): the production site.yml on three fresh Debian 12 servers.
+"""Real hosts (deploy/realhosts): the production site.yml on four fresh Debian 12 servers.
 
 These tests run with `make test-realhosts` (pytest -m realhosts); a plain
 `pytest` skips them: they boot three systemd containers on a private link and
-provision them over SSH from the package registries.
+provision them over SSH from the package registries. One boot for the whole
+session: test_site_on_real_hosts.py converges the servers and checks one site,
+test_site_without_one_host.py (after it, by name) then takes hosts away from the same servers.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ BASE_DIR = Path(os.environ.get("REALHOSTS_BASE_DIR", "/var/tmp/gpupool-realhosts
 LOG_DIR = Path(os.environ.get("REALHOSTS_LOG_DIR", REPO / "var" / "realhosts"))
 
 # name: address, as in inventories/realhosts/hosts.yml.
-SERVERS = {"head": "10.50.0.10", "gpu01": "10.50.0.21", "gpu02": "10.50.0.22"}
+SERVERS = {"head": "10.50.0.10", "head2": "10.50.0.11", "gpu01": "10.50.0.21", "gpu02": "10.50.0.22"}
+# REALHOSTS_REUSE=1, for working on a later test: the servers a run left up (REALHOSTS_KEEP=1),
+# neither cleaned nor booted, their first run's log taken as the first run; left up afterwards.
+REUSE = os.environ.get("REALHOSTS_REUSE") == "1"
 BOOT_TIMEOUT_S = 600
 PLAYBOOK_TIMEOUT_S = 1800
 
@@ -33,7 +38,7 @@ RECAP_LINE = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "realhosts: boots three systemd containers and runs site.yml on them (make test-realhosts)")
+    config.addinivalue_line("markers", "realhosts: boots four systemd containers and runs site.yml on them (make test-realhosts)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -165,9 +170,14 @@ def boot(servers: dict[str, str]) -> dict[str, Server]:
     return {name: Server(name=name, address=address) for name, address in servers.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """Three fresh servers, removed afterwards whatever the result (and anything an earlier run left)."""
+    """Four fresh servers for the session (both modules: one boot), removed afterwards whatever the
+    result (and anything an earlier run left)."""
+    if REUSE:
+        yield Cluster(servers={name: Server(name=name, address=address) for name, address in SERVERS.items()},
+                      runs=len(list(LOG_DIR.glob("*.log"))))
+        return
     hosts("clean")
     started = time.monotonic()
     try:
@@ -179,3 +189,12 @@ def cluster() -> Iterator[Cluster]:
         # REALHOSTS_KEEP=1 leaves them up to look into; `hosts.sh clean` removes them.
         if os.environ.get("REALHOSTS_KEEP") != "1":
             hosts("clean")
+
+
+@pytest.fixture(scope="session")
+def first_run(cluster: Cluster) -> PlaybookRun:
+    """site.yml's first run on the fresh servers (both modules start from it)."""
+    if REUSE:
+        output = (LOG_DIR / "01-first.log").read_text()
+        return PlaybookRun(returncode=0, output=output, log=LOG_DIR / "01-first.log", recap=parse_recap(output))
+    return cluster.playbook(label="first")
