@@ -25,8 +25,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 import yaml
 
+from gpupool.db import normalize_url
 from gpupool.render import DOCKER_JOB_LABEL
 from tests.cluster.ansible_run import PlaybookRun, ansible_env, run_playbook, venv_tool
 
@@ -693,7 +695,7 @@ def test_firewall_closes_the_service_ports_to_tenant_uids_on_every_host(rendered
         text = rules.read_text()
         closed = re.search(r"set tenant_closed_tcp \{[^}]*elements = \{ ([^}]*) \}", text)
         assert closed is not None, host
-        assert [int(port) for port in closed.group(1).split(",")] == [3306, 5000, 5432, 6379, 6820, 8000, 9090, 9100, 9400], host
+        assert [int(port) for port in closed.group(1).split(",")] == [2379, 2380, 3306, 5000, 5432, 6379, 6820, 8000, 8008, 9090, 9100, 9400], host
         rejects = [line.strip() for line in text.splitlines() if "reject" in line and not line.lstrip().startswith("#")]
         assert rejects and all(line.startswith("meta skuid 200000-299999 ") for line in rejects), host
         # The whole cluster: a job on gpu01 cannot reach ctl1's PostgreSQL or gpu02's exporters either.
@@ -1375,6 +1377,56 @@ def test_firewall_admits_each_service_port_only_from_the_hosts_that_need_it(rend
             assert not {"5432", "6379", "2049", "6817", "6819"} & set(dropped)
         if shutil.which("nft"):
             subprocess.run(["nft", "-c", "-f", str(rendered.path(host, "etc/gpupool-firewall.nft"))], check=True, timeout=30, capture_output=True)
+
+
+def test_two_database_hosts_give_one_database_for_every_api_host_a_backup_controller_and_their_ports(
+        repo_root: Path, tmp_path: Path) -> None:
+    """Issue 36: ctl2 a second controller, API host and database member; etcd on ctl1, ctl2 and gpu01."""
+    inventory = example_copy(repo_root, tmp_path)
+    hosts = yaml.safe_load((inventory / "hosts.yml").read_text())
+    children = hosts["all"]["children"]
+    children["controller"]["hosts"]["ctl2"] = {"ansible_host": "10.0.0.11"}
+    children["api"]["hosts"]["ctl2"] = None
+    children["database"] = {"hosts": {"ctl1": None, "ctl2": None}}
+    children["etcd"] = {"hosts": {"ctl1": None, "ctl2": None, "gpu01": None}}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    head = {"processor_count": 1, "processor_cores": 4, "processor_threads_per_core": 2, "memtotal_mb": 32000}
+    facts = {"ctl1": head, "ctl2": head,
+             "gpu01": {"processor_count": 2, "processor_cores": 16, "processor_threads_per_core": 2, "memtotal_mb": 257000},
+             "gpu02": {"processor_count": 1, "processor_cores": 12, "processor_threads_per_core": 2, "memtotal_mb": 128000}}
+    out = tmp_path / "out"
+    ansible_dir = repo_root / "deploy" / "ansible"
+    run_playbook(ansible_dir, str(inventory), "tests/render.yml",
+                 *render_arguments(ansible_dir, out, "--tags", "slurm,api,firewall", "-e", json.dumps({"render_facts": facts})))
+
+    # Slurm's backup controller: both named, the state where both see it, one slurm.conf everywhere.
+    conf = config_lines((out / "ctl1" / "etc/slurm/slurm.conf").read_text())
+    assert [line for line in conf if line.startswith("SlurmctldHost=")] == ["SlurmctldHost=ctl1(10.0.0.10)", "SlurmctldHost=ctl2(10.0.0.11)"]
+    assert f"StateSaveLocation={out}/shared/srv/gpupool/slurmctld-state" in conf and "SlurmctldTimeout=30" in conf
+    assert all((out / host / "etc/slurm/slurm.conf").read_text() == (out / "ctl1" / "etc/slurm/slurm.conf").read_text()
+               for host in ("ctl2", "gpu01", "gpu02"))
+
+    # Every API host's every connection: libpq's host list, whichever host leads.
+    hosts_query = "host=10.0.0.10:5432&host=10.0.0.11:5432&target_session_attrs=read-write"
+    for host in ("ctl1", "ctl2"):
+        credentials = out / host / "etc/gpupool/credentials"
+        assert (credentials / "api" / "database_url").read_text() == f"postgresql://gpupool_api:render-api-password@/gpupool?{hosts_query}"
+        assert (credentials / "billing" / "billing_database_url").read_text().endswith(f"@/gpupool?{hosts_query}")
+        operator = dict(line.split("=", 1) for line in config_lines((out / host / "etc/gpupool/operator.env").read_text()))
+        assert operator["GPUPOOL_DATABASE_URL"].strip('"').endswith(f"@/gpupool?{hosts_query}")
+    # psycopg2 gets one comma-separated host list from it, as libpq wants.
+    url = sqlalchemy.make_url(normalize_url((out / "ctl1" / "etc/gpupool/credentials/api/database_url").read_text()))
+    _, connect = url.get_dialect()().create_connect_args(url)
+    assert (connect["host"], connect["port"], connect["target_session_attrs"]) == ("10.0.0.10,10.0.0.11", "5432,5432", "read-write")
+
+    # PostgreSQL, Patroni and etcd admit the hosts that need them and no one else.
+    heads, members = {"10.0.0.10", "10.0.0.11"}, {"10.0.0.10", "10.0.0.11", "10.0.0.21"}
+    admitted, dropped = admission((out / "ctl1" / "etc/gpupool-firewall.nft").read_text())
+    assert (admitted["5432"], admitted["8008"], admitted["2379, 2380"]) == (heads, heads, members)
+    admitted, dropped = admission((out / "gpu01" / "etc/gpupool-firewall.nft").read_text())
+    assert admitted["2379, 2380"] == members and "5432" not in dropped and "8008" not in dropped
+    admitted, dropped = admission((out / "gpu02" / "etc/gpupool-firewall.nft").read_text())
+    assert not {"5432", "8008", "2379, 2380"} & set(dropped)
 
 
 def test_nfs_server_offers_nfsv4_only_with_mountd_on_a_fixed_port(rendered: Rendered) -> None:

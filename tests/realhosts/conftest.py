@@ -1,8 +1,10 @@
-"""Real hosts (deploy/realhosts): the production site.yml on three fresh Debian 12 servers.
+"""Real hosts (deploy/realhosts): the production site.yml on three fresh Debian 12 servers (four with REALHOSTS_HA=1).
 
 These tests run with `make test-realhosts` (pytest -m realhosts); a plain
 `pytest` skips them: they boot three systemd containers on a private link and
-provision them over SSH from the package registries.
+provision them over SSH from the package registries. One boot for the whole
+session: test_site_on_real_hosts.py converges the servers and checks one site,
+test_site_without_one_host.py (after it, by name) then takes hosts away from the same servers.
 """
 
 from __future__ import annotations
@@ -21,11 +23,19 @@ REPO = Path(__file__).resolve().parents[2]
 HOSTS_SH = REPO / "deploy" / "realhosts" / "hosts.sh"
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
 INVENTORY = ANSIBLE_DIR / "inventories" / "realhosts"
+# REALHOSTS_HA=1 (`make test-realhosts-ha`): the several-hosts shape of issue 36, a second head node
+# (API, database member under Patroni, backup slurmctld; inventories/realhosts-ha, the same group_vars),
+# and test_site_without_one_host.py on the same boot. Not in .ci/run yet: it doubles the tier's time.
+HA = os.environ.get("REALHOSTS_HA") == "1"
+SITE_INVENTORY = ANSIBLE_DIR / "inventories" / ("realhosts-ha" if HA else "realhosts")
 BASE_DIR = Path(os.environ.get("REALHOSTS_BASE_DIR", "/var/tmp/gpupool-realhosts"))
 LOG_DIR = Path(os.environ.get("REALHOSTS_LOG_DIR", REPO / "var" / "realhosts"))
 
 # name: address, as in inventories/realhosts/hosts.yml.
-SERVERS = {"head": "10.50.0.10", "gpu01": "10.50.0.21", "gpu02": "10.50.0.22"}
+SERVERS = {"head": "10.50.0.10", **({"head2": "10.50.0.11"} if HA else {}), "gpu01": "10.50.0.21", "gpu02": "10.50.0.22"}
+# REALHOSTS_REUSE=1, for working on a later test: the servers a run left up (REALHOSTS_KEEP=1),
+# neither cleaned nor booted, their first run's log taken as the first run; left up afterwards.
+REUSE = os.environ.get("REALHOSTS_REUSE") == "1"
 BOOT_TIMEOUT_S = 600
 PLAYBOOK_TIMEOUT_S = 1800
 
@@ -33,7 +43,7 @@ RECAP_LINE = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "realhosts: boots three systemd containers and runs site.yml on them (make test-realhosts)")
+    config.addinivalue_line("markers", "realhosts: boots three (four with REALHOSTS_HA=1) systemd containers and runs site.yml on them (make test-realhosts)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -116,7 +126,7 @@ class Cluster:
     def head(self) -> Server:
         return self.servers["head"]
 
-    def playbook_start(self, *args: str, inventories: Sequence[Path] = (INVENTORY,),
+    def playbook_start(self, *args: str, inventories: Sequence[Path] = (SITE_INVENTORY,),
                        label: str = "run") -> RunningPlaybook:
         """site.yml from this machine over SSH, as an operator runs it (ansible-core from .venv)."""
         self.runs += 1
@@ -143,7 +153,7 @@ class Cluster:
         output = running.log.read_text()
         return PlaybookRun(returncode=returncode, output=output, log=running.log, recap=parse_recap(output))
 
-    def playbook(self, *args: str, inventories: Sequence[Path] = (INVENTORY,), label: str = "run",
+    def playbook(self, *args: str, inventories: Sequence[Path] = (SITE_INVENTORY,), label: str = "run",
                  timeout: float = PLAYBOOK_TIMEOUT_S) -> PlaybookRun:
         return self.playbook_finish(self.playbook_start(*args, inventories=inventories, label=label), timeout)
 
@@ -165,9 +175,14 @@ def boot(servers: dict[str, str]) -> dict[str, Server]:
     return {name: Server(name=name, address=address) for name, address in servers.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """Three fresh servers, removed afterwards whatever the result (and anything an earlier run left)."""
+    """Fresh servers for the session (with REALHOSTS_HA=1 both modules share the boot), removed afterwards
+    whatever the result (and anything an earlier run left)."""
+    if REUSE:
+        yield Cluster(servers={name: Server(name=name, address=address) for name, address in SERVERS.items()},
+                      runs=len(list(LOG_DIR.glob("*.log"))))
+        return
     hosts("clean")
     started = time.monotonic()
     try:
@@ -179,3 +194,12 @@ def cluster() -> Iterator[Cluster]:
         # REALHOSTS_KEEP=1 leaves them up to look into; `hosts.sh clean` removes them.
         if os.environ.get("REALHOSTS_KEEP") != "1":
             hosts("clean")
+
+
+@pytest.fixture(scope="session")
+def first_run(cluster: Cluster) -> PlaybookRun:
+    """site.yml's first run on the fresh servers (both modules start from it)."""
+    if REUSE:
+        output = (LOG_DIR / "01-first.log").read_text()
+        return PlaybookRun(returncode=0, output=output, log=LOG_DIR / "01-first.log", recap=parse_recap(output))
+    return cluster.playbook(label="first")

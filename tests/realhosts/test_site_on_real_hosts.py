@@ -1,4 +1,4 @@
-"""The production site.yml on three fresh Debian 12 servers (systemd containers, PID 1 systemd): issue 16.
+"""The production site.yml on three fresh Debian 12 servers (four with REALHOSTS_HA=1; systemd containers, PID 1 systemd): issue 16.
 
 One cluster for the module, in this order: the first run (reboots disallowed,
 the example's defaults) converges on every host, the second changes nothing;
@@ -31,7 +31,7 @@ from gpupool_client import verify_signature
 from bench.support.services import wait_for
 from tests.support.receiver import Delivery, serve_smtp, serve_webhooks
 
-from .conftest import INVENTORY, Cluster, PlaybookRun, Server, boot
+from .conftest import HA, INVENTORY, SITE_INVENTORY, Cluster, PlaybookRun, Server, boot
 
 pytestmark = pytest.mark.realhosts
 
@@ -41,12 +41,19 @@ API = "https://10.50.0.10"
 UNITS_EVERYWHERE = ["munge.service"]
 UNITS_HEAD = ["slurmctld.service", "slurmdbd.service", "gpupool-api.service", "gpupool-runas.service",
               "gpupool-billing.timer", "gpupool-webhooks.service", "gpupool-idle-check.timer", "gpupool-email.timer"]
+# REALHOSTS_HA=1 (issue 36): PostgreSQL under Patroni and etcd on both head nodes; the second head node
+# runs the backup slurmctld and a second API host.
+HA_UNITS = ["patroni.service", "etcd.service"]
+UNITS_HEAD2 = ["slurmctld.service", "gpupool-api.service", "gpupool-runas.service", "gpupool-billing.timer", *HA_UNITS]
 # This machine's end of the servers' link: the customer's receiver and the SMTP server listen here
 # (inventories/realhosts/group_vars/api.yml lets the head node's gpupool send to it).
 TEST_MACHINE = "10.50.0.1"
 API_VARS = yaml.safe_load((INVENTORY / "group_vars" / "api.yml").read_text())
 SMTP_PORT = int(API_VARS["gpupool_api_extra_environment"]["GPUPOOL_SMTP_PORT"])
 UNITS_GPU = ["slurmd.service"]
+# With REALHOSTS_HA=1: etcd's third member on gpu01, HAProxy on gpu02 (inventories/realhosts-ha/hosts.yml).
+UNITS = ({"head": UNITS_HEAD + HA_UNITS, "head2": UNITS_HEAD2, "gpu01": UNITS_GPU + ["etcd.service"],
+          "gpu02": UNITS_GPU + ["haproxy.service"]} if HA else {"head": UNITS_HEAD, "gpu01": UNITS_GPU, "gpu02": UNITS_GPU})
 
 
 def converged(run: PlaybookRun, hosts: list[str]) -> None:
@@ -90,11 +97,6 @@ def sacct(head: Server, slurm_job_id: int | str, fields: str) -> list[list[str]]
     return [line.split("|") for line in out.splitlines() if line]
 
 
-@pytest.fixture(scope="module")
-def first_run(cluster: Cluster) -> PlaybookRun:
-    return cluster.playbook(label="first")
-
-
 def test_first_run_converges_on_every_host_without_reboots(cluster: Cluster, first_run: PlaybookRun) -> None:
     converged(first_run, list(cluster.servers))
     # Nothing of gpupool was there before: the run did the work.
@@ -111,7 +113,7 @@ def test_second_run_changes_nothing(cluster: Cluster, first_run: PlaybookRun) ->
 
 def test_systemd_runs_every_service(cluster: Cluster) -> None:
     for name, server in cluster.servers.items():
-        units = UNITS_EVERYWHERE + (UNITS_HEAD if name == "head" else UNITS_GPU)
+        units = UNITS_EVERYWHERE + UNITS[name]
         states = server.run(f"systemctl is-active {' '.join(units)}", check=False).stdout.split()
         assert dict(zip(units, states, strict=True)) == {unit: "active" for unit in units}, name
     assert cluster.head.out("systemctl show -p NoNewPrivileges --value gpupool-api.service") == "yes"
@@ -127,6 +129,8 @@ def test_systemd_runs_every_service(cluster: Cluster) -> None:
         assert (ended["Result"], ended["ExecMainStatus"]) == ("success", "0") and ended["ExecMainExitTimestamp"], (unit, ended)
         assert cluster.head.out(f"systemctl show -p User --value {unit}") == user
     # slurmctld's own answer: both GPU nodes registered, with their GPU types.
+    if HA:  # no Debian cluster beside Patroni's: it would hold the port
+        assert cluster.head.run("systemctl is-active postgresql@15-main", check=False).stdout.strip() == "inactive"
     nodes = cluster.head.out("sinfo -h -N -o '%N %G %T'").splitlines()
     assert sorted(line.split()[0] for line in nodes) == ["gpu01", "gpu02"], nodes
     assert any("rtx4090" in line for line in nodes) and any("rtx3090" in line for line in nodes), nodes
@@ -326,7 +330,7 @@ def test_a_node_added_to_the_inventory_joins_with_one_more_run(cluster: Cluster,
         "all:\n  children:\n    compute:\n      hosts:\n        gpu03:\n          ansible_host: 10.50.0.23\n"
         "          slurm_node_gpus: [{type: rtx3090, count: 1}]\n"
     )
-    run = cluster.playbook(inventories=(INVENTORY, extra), label="add-gpu03")
+    run = cluster.playbook(inventories=(SITE_INVENTORY, extra), label="add-gpu03")
     converged(run, list(cluster.servers))
     assert node_states(cluster.head).get("gpu03") == "idle"
     users = {name: s.out(f"getent passwd {TENANT} | cut -d: -f3,4") for name, s in cluster.servers.items()}
