@@ -9,6 +9,7 @@ test_site_without_one_host.py (after it, by name) then takes hosts away from the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,3 +205,18 @@ def first_run(cluster: Cluster) -> PlaybookRun:
         output = (LOG_DIR / "01-first.log").read_text()
         return PlaybookRun(returncode=0, output=output, log=LOG_DIR / "01-first.log", recap=parse_recap(output))
     return cluster.playbook(label="first")
+
+
+def curl_api(base: str, token: str, method: str, path: str, body: dict[str, Any] | None = None,
+             max_time_s: float = 60) -> tuple[int, str, str]:
+    """The customer's side: curl from this machine (the servers' self-signed certificates).
+
+    (HTTP code, body, curl's stderr); code 0 when no HTTP answer came (refused, cut, timed out).
+    """
+    command = ["curl", "-sS", "-k", "--max-time", str(max_time_s), "-o", "-", "-w", "\n%{http_code}", "-X", method,
+               "-H", f"Authorization: Bearer {token}", f"{base}{path}"]
+    if body is not None:
+        command += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=max_time_s + 30)
+    text, _, code = result.stdout.rpartition("\n")
+    return (int(code) if code.strip().isdigit() else 0), text, result.stderr

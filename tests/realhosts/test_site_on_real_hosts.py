@@ -19,7 +19,6 @@ import csv
 import datetime as dt
 import io
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from gpupool_client import verify_signature
 from bench.support.services import wait_for
 from tests.support.receiver import Delivery, serve_smtp, serve_webhooks
 
-from .conftest import HA, INVENTORY, SITE_INVENTORY, Cluster, PlaybookRun, Server, boot
+from .conftest import HA, INVENTORY, SITE_INVENTORY, Cluster, PlaybookRun, Server, boot, curl_api
 
 pytestmark = pytest.mark.realhosts
 
@@ -66,14 +65,9 @@ def converged(run: PlaybookRun, hosts: list[str]) -> None:
 
 def curl(token: str, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
     """The customer's side: curl from this machine to nginx on the head node (its self-signed certificate)."""
-    command = ["curl", "-sS", "-k", "--max-time", "60", "-o", "-", "-w", "\n%{http_code}", "-X", method,
-               "-H", f"Authorization: Bearer {token}", f"{API}{path}"]
-    if body is not None:
-        command += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=90)
-    assert result.returncode == 0, f"curl {method} {path}: {result.stderr}"
-    text, _, code = result.stdout.rpartition("\n")
-    return int(code), text
+    code, text, stderr = curl_api(API, token, method, path, body)
+    assert code != 0, f"curl {method} {path}: {stderr}"
+    return code, text
 
 
 def job_state(token: str, job_id: str) -> dict[str, Any]:

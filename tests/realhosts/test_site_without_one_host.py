@@ -19,7 +19,6 @@ import csv
 import datetime as dt
 import io
 import json
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ import pytest
 
 from bench.support.services import wait_for
 
-from .conftest import HA, LOG_DIR, SITE_INVENTORY, Cluster, PlaybookRun, Server
+from .conftest import HA, LOG_DIR, SITE_INVENTORY, Cluster, PlaybookRun, Server, curl_api
 
 pytestmark = [
     pytest.mark.realhosts,
@@ -54,13 +53,8 @@ PATRONI_CONFIG = "/etc/patroni/config.yml"
 
 def lb_curl(token: str, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
     """The customer's side through HAProxy; 0 when no HTTP answer came (connection refused or cut)."""
-    command = ["curl", "-sS", "-k", "--max-time", "40", "-o", "-", "-w", "\n%{http_code}", "-X", method,
-               "-H", f"Authorization: Bearer {token}", f"{LOADBALANCER}{path}"]
-    if body is not None:
-        command += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    text, _, code = result.stdout.rpartition("\n")
-    return (int(code) if code.strip().isdigit() else 0), text
+    code, text, _ = curl_api(LOADBALANCER, token, method, path, body, max_time_s=40)
+    return code, text
 
 
 @dataclass
