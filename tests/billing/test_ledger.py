@@ -343,7 +343,7 @@ def test_spot_runs_are_billed_at_the_spot_tier_the_cli_sets(ledger_db: LedgerDb,
     tres = "cpu=1,gres/gpu:rtx4090=2,gres/gpu=2"
 
     def run(job: int, start: str, end: str, elapsed: int, state: str, qos: str) -> str:
-        return "|".join(["gpupool", str(job), str(job), "acme", "alice", state, start, start, end, str(elapsed), tres, qos, "spotjob"])
+        return "|".join(["gpupool", str(job), str(job), "acme", "alice", state, start, start, end, str(elapsed), tres, qos, "gpu01", "spotjob"])
 
     # One job preempted and requeued (two runs, same id, spot), one full-price job.
     path = tmp_path / "spot.psv"
@@ -370,7 +370,7 @@ def test_a_line_never_mixes_tiers_even_at_one_price(ledger_db: LedgerDb, tmp_pat
     set_spot = ledger_db.cli("price", "set", "rtx4090", same, "--tier", "spot", "--from", "2026-11-07T10:00:30")
     assert set_spot.returncode == 0, set_spot.stderr
     fields = ["gpupool", "80", "80", "acme", "alice", "COMPLETED", "2026-11-07T10:00:00", "2026-11-07T10:00:00",
-              "2026-11-07T10:01:00", "60", "cpu=1,gres/gpu:rtx4090=2,gres/gpu=2", "spot", "spotjob"]
+              "2026-11-07T10:01:00", "60", "cpu=1,gres/gpu:rtx4090=2,gres/gpu=2", "spot", "gpu01", "spotjob"]
     path = tmp_path / "spot.psv"
     path.write_text(as_pass_output(["|".join(PASS_FIELDS), "|".join(fields)]))
     replay_ok(ledger_db, path)
