@@ -15,6 +15,10 @@ Three causes, one mechanism (``credit_runs``):
   never the customer;
 - the operator's hand (``manual``): ``gpupool credit run <job> --reason ...``.
 
+A GPU-failure run the ledger charged nothing (ended within its first second)
+gets one line of 0.00 in the period it ended: the line is what tells its owner
+(``billing.gpu_failures``), and what keeps a later pass from telling again.
+
 Each credit is one adjustment per run and period whose ``source_key`` names the
 cause, the run and the period, so a later pass that sees the run again adds
 nothing; and a run credited for one cause is never credited for another (a
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from billing.calendar import period_of
 from billing.meter import RunKey
 from billing.sacct import FAILED_NODE_STATES, JobRun
 from gpupool.gpu_health.check import DRAIN_REASON_PREFIX, failed_gpu_in_drain_reason
@@ -188,7 +193,12 @@ def credit_runs(session: Session, credits: Sequence[RunCredit], now: dt.datetime
     written: list[Written] = []
     for credit in credits:
         run = credit.run
-        for period, amount in credits_per_period(run, amounts):
+        periods = credits_per_period(run, amounts)
+        if not periods and credit.cause == GPU_FAILURE and run.end is not None:
+            # Charged nothing (it ended within its first second): a line of 0.00 still tells the owner why the job
+            # ended (end_reason, job.failed ride on the line) and, by its key, only once.
+            periods = [(period_of(run.end), 0)]
+        for period, amount in periods:
             if credited(session, run_id(run), period):
                 continue
             session.add(

@@ -20,6 +20,7 @@ from gpupool import db
 from gpupool.models import Account
 from gpupool.proc import run_command
 from gpupool.slurm.client import SlurmClient
+from gpupool.slurm.parse import parse_elapsed
 from gpupool.slurm.tenants import Tenant, ensure_member_user, ensure_tenant_user, remove_member_user, remove_tenant_user
 
 PG_ADMIN_URL = os.environ.get("GPUPOOL_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -75,6 +76,13 @@ def cancel_account_jobs(account: str, *, run: SlurmCommand = slurm_cmd, timeout_
         return not run("squeue", "-h", f"--account={account}", "-t", "PENDING,RUNNING,COMPLETING").strip()
 
     wait_for(drained, timeout_s=timeout_s, what=f"jobs of {account} to leave the queue")
+
+
+def run_seconds(slurm_job_id: int, *, run: SlurmCommand = slurm_cmd) -> int:
+    """How long the job's current run has run, as slurmctld counts it (scontrol's RunTime=[D-]HH:MM:SS)."""
+    words = dict(word.partition("=")[::2] for word in run("scontrol", "--oneliner", "show", "job", str(slurm_job_id)).split()
+                 if "=" in word)
+    return parse_elapsed(words.get("RunTime", "00:00:00"))
 
 
 @contextmanager

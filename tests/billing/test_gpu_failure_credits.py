@@ -192,6 +192,35 @@ def test_a_full_price_job_that_asked_for_requeue_has_its_failed_run_credited_and
     ledger_db.assert_spend_exact()
 
 
+def test_a_run_a_failed_gpu_ended_in_its_first_second_is_charged_nothing_and_its_owner_is_still_told_once(
+    ledger_db: LedgerDb,
+) -> None:
+    ledger_db.add_account("acme")
+    add_job(ledger_db, "job-46", 46)
+    failure = GpuFailure(reason="Xid 79 on 0000:41:00.0", node="gpu1", gpu="0000:41:00.0", at=utc("2026-11-30T23:59:59"), xid=79)
+    # Started and ended in the same second, the month's last: sacct's ElapsedRaw 0, nothing on the ledger.
+    sacct = Sacct([(46, "CANCELLED by 0", "2026-11-30T23:59:59", "2026-11-30T23:59:59", "normal", failure.comment())])
+
+    bill(ledger_db, sacct, now="2026-12-01T00:10:00")
+    bill(ledger_db, sacct, now="2026-12-01T00:20:00")
+
+    assert credits(ledger_db) == [
+        ("2026-11", 0, "gpu_failure_credit",
+         "automatic credit: job 46 ended by a GPU failure (gpu_failure: Xid 79 on 0000:41:00.0 (node gpu1))"),
+    ]
+    with ledger_db.sessions() as session:
+        job = session.get(Job, "job-46")
+        assert job is not None
+        assert job.end_reason == "gpu_failure: Xid 79 on 0000:41:00.0 (node gpu1)"
+        [event] = session.scalars(select(WebhookEvent)).all()
+    assert event.type == "job.failed" and event.payload["data"]["credited"] == "0.00"
+    lines = list(csv.DictReader(io.StringIO(ledger_db.cli("invoice", "--account", "acme", "--period", "2026-11", "-o", "-").stdout)))
+    assert [(line["line_type"], line["amount"]) for line in lines if line["line_type"] in ("job", "adjustment")] == [
+        ("adjustment", "0.00"),
+    ]
+    ledger_db.assert_spend_exact()
+
+
 def test_the_site_can_switch_the_automatic_gpu_credit_off(ledger_db: LedgerDb) -> None:
     ledger_db.add_account("acme")
     sacct = Sacct()

@@ -44,7 +44,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from bench.support.services import wait_for
+from bench.support.services import run_seconds, wait_for
 from billing import passes
 from billing.calendar import period_of
 from billing.prices import set_price
@@ -55,7 +55,7 @@ from gpupool.gpu_health.check import promised_gpu_devices
 from gpupool.models import NodeHealthEvent, WebhookEndpoint, WebhookEvent
 from gpupool.proc import run_command
 from gpupool.slurm.client import SlurmClient
-from gpupool.slurm.parse import parse_elapsed, unpredictable_delimiter
+from gpupool.slurm.parse import unpredictable_delimiter
 from gpupool_cli import main as cli_main
 from tests.conftest import wait_for_state
 
@@ -307,13 +307,6 @@ def test_a_job_that_may_be_requeued_is_requeued_off_a_gpu_that_fails_and_its_fai
             [event] = session.scalars(select(WebhookEvent).where(WebhookEvent.job_id == job_id, WebhookEvent.type == "job.failed"))
         assert event.payload["data"]["gpu_failure"]["requeued"] is True
         assert float(event.payload["data"]["credited"]) > 0
-
-
-def run_seconds(slurm_job_id: int) -> int:
-    """How long the job's current run has run, as slurmctld counts it (scontrol's RunTime=[D-]HH:MM:SS)."""
-    line = run_command(["scontrol", "--oneliner", "show", "job", str(slurm_job_id)], timeout_s=30).stdout
-    words = dict(word.partition("=")[::2] for word in line.split() if "=" in word)
-    return parse_elapsed(words.get("RunTime", "00:00:00"))
 
 
 def kill_the_jobs_processes(slurm_job_id: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from api import create_app
+from bench.support.services import run_seconds
 from gpupool.clock import FrozenClock
 from gpupool.config import Settings
 from gpupool.models import Account
@@ -172,6 +173,9 @@ def test_a_job_that_asked_for_requeue_leaves_a_failed_gpu_completes_on_the_other
     job = created.get_json()
     running = wait_for_state(client, job["job_id"], headers, {"RUNNING"}, timeout_s=120)
     failing = running["node"]
+    # Some seconds into its run: a run of 0 s is charged nothing, so has nothing to credit.
+    wait_for(lambda: run_seconds(job["slurm_job_id"], run=mn_cmd) >= 3, timeout_s=60, interval_s=0.5,
+             what="the job to run a few seconds")
     healthy = GPU2_NODE if failing == GPU4_NODE else GPU4_NODE
     devices = Path(f"/var/lib/gpupool-multinode/{failing}/emulated-gpus")
     hidden = sorted(devices.iterdir())
