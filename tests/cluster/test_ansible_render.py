@@ -1201,7 +1201,9 @@ def test_tls_http_fallback_listens_on_the_private_address_only(repo_root: Path, 
 
 
 def test_backup_dumps_the_database_nightly_and_keeps_two_weeks(rendered: Rendered) -> None:
-    service = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-backup.service"))["Service"]
+    unit = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-backup.service"))
+    service = unit["Service"]
+    assert unit["Unit"]["Requires"] == ["postgresql.service"]  # one database host: Debian's cluster
     script = rendered.path("ctl1", "usr/local/sbin/gpupool-backup")
     assert service["User"] == ["postgres"] and service["ExecStart"] == [str(script)]
     timer = unit_settings(rendered.text("ctl1", "etc/systemd/system/gpupool-backup.timer"))
@@ -1418,6 +1420,10 @@ def test_two_database_hosts_give_one_database_for_every_api_host_a_backup_contro
     url = sqlalchemy.make_url(normalize_url((out / "ctl1" / "etc/gpupool/credentials/api/database_url").read_text()))
     _, connect = url.get_dialect()().create_connect_args(url)
     assert (connect["host"], connect["port"], connect["target_session_attrs"]) == ("10.0.0.10,10.0.0.11", "5432,5432", "read-write")
+    # Each database host dumps its own member nightly, under Patroni (no Debian cluster unit to need).
+    for host in ("ctl1", "ctl2"):
+        backup = unit_settings((out / host / "etc/systemd/system/gpupool-backup.service").read_text())["Unit"]
+        assert (backup["Requires"], backup["After"]) == (["patroni.service"], ["patroni.service"])
 
     # PostgreSQL, Patroni and etcd admit the hosts that need them and no one else.
     heads, members = {"10.0.0.10", "10.0.0.11"}, {"10.0.0.10", "10.0.0.11", "10.0.0.21"}
