@@ -786,6 +786,7 @@ def test_gpupool_wrapper_creates_accounts_as_root_and_runs_the_rest_as_their_own
 def test_nginx_terminates_tls_and_hides_metrics(rendered: Rendered) -> None:
     site = rendered.text("ctl1", "etc/nginx/sites-available/gpupool")
     assert "listen 443 ssl" in site
+    assert "proxy_protocol" not in site and "set_real_ip_from" not in site  # no load balancer in front: nobody to believe
     assert f"ssl_certificate {rendered.path('ctl1', LETSENCRYPT)}/fullchain.pem;" in site
     assert f"ssl_certificate_key {rendered.path('ctl1', LETSENCRYPT)}/privkey.pem;" in site
     assert re.search(r"location = /metrics \{\s*return 404;", site)
@@ -1391,6 +1392,7 @@ def test_two_database_hosts_give_one_database_for_every_api_host_a_backup_contro
     children["api"]["hosts"]["ctl2"] = None
     children["database"] = {"hosts": {"ctl1": None, "ctl2": None}}
     children["etcd"] = {"hosts": {"ctl1": None, "ctl2": None, "gpu01": None}}
+    children["loadbalancer"] = {"hosts": {"gpu02": None}}
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     head = {"processor_count": 1, "processor_cores": 4, "processor_threads_per_core": 2, "memtotal_mb": 32000}
     facts = {"ctl1": head, "ctl2": head,
@@ -1433,6 +1435,18 @@ def test_two_database_hosts_give_one_database_for_every_api_host_a_backup_contro
     assert admitted["2379, 2380"] == members and "5432" not in dropped and "8008" not in dropped
     admitted, dropped = admission((out / "gpu02" / "etc/gpupool-firewall.nft").read_text())
     assert not {"5432", "8008", "2379, 2380"} & set(dropped)
+
+    # HAProxy on gpu02 names each customer's address to the API hosts' nginx (PROXY protocol), which believes
+    # it from gpu02 alone, on a port that takes gpu02's connections and nobody else's.
+    for host in ("ctl1", "ctl2"):
+        site = config_lines((out / host / "etc/nginx/sites-available/gpupool").read_text())
+        directives = [line.strip() for line in site]
+        assert {"listen 8443 ssl http2 proxy_protocol;", "listen [::]:8443 ssl http2 proxy_protocol;",
+                "set_real_ip_from 10.0.0.22;", "real_ip_header proxy_protocol;"} <= set(directives), directives
+        assert [line for line in directives if line.startswith("set_real_ip_from")] == ["set_real_ip_from 10.0.0.22;"]
+        admitted, dropped = admission((out / host / "etc/gpupool-firewall.nft").read_text())
+        assert admitted["8443"] == {"10.0.0.22"} and "8443" in dropped
+    assert "8443" not in admission((out / "gpu01" / "etc/gpupool-firewall.nft").read_text())[1]
 
 
 def test_nfs_server_offers_nfsv4_only_with_mountd_on_a_fixed_port(rendered: Rendered) -> None:

@@ -40,6 +40,8 @@ ACCOUNT = "acme"
 TENANT = f"gp-{ACCOUNT}"
 # HAProxy on gpu02 (inventories/realhosts-ha/hosts.yml: loadbalancer).
 LOADBALANCER = "https://10.50.0.22"
+# This machine, the customer, on the servers' link (deploy/realhosts/hosts.sh's bridge).
+CUSTOMER_ADDRESS = "10.50.0.1"
 # A loop never runs longer than this many submits, whatever happens. One a second at
 # most: the API allows 60 submits a minute per host (its rate limit).
 MAX_SUBMITS = 150
@@ -197,6 +199,14 @@ def test_haproxy_sends_to_both_api_hosts_and_both_are_ready(cluster: Cluster, to
     assert rows == {"head": "UP", "head2": "UP"}, stat
     code, text = lb_curl(token, "GET", "/jobs")
     assert code == 200, text
+    # Each API host sees the customer's address (HAProxy's PROXY protocol header), not HAProxy's: in nginx's log,
+    # in what it hands the API. Four requests, round robin: two on each host.
+    probe = f"probe-{time.monotonic_ns()}"
+    for _ in range(4):
+        assert lb_curl(token, "GET", f"/jobs?{probe}")[0] == 200
+    for server in (cluster.servers["head"], cluster.servers["head2"]):
+        logged = server.out(f"grep -h -- {probe} /var/log/nginx/access.log").splitlines()
+        assert logged and all(line.startswith(f"{CUSTOMER_ADDRESS} ") for line in logged), (server.name, logged)
 
 
 def test_a_killed_api_host_loses_no_submit(cluster: Cluster, token: str) -> None:
