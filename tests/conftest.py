@@ -52,6 +52,10 @@ REDIS_URL = os.environ.get("GPUPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
 JWT_SECRET = "test-secret-" + "k" * 40
 SUITE_NOW = parse_instant(os.environ["GPUPOOL_TEST_NOW"]) if os.environ.get("GPUPOOL_TEST_NOW") else system_clock().replace(microsecond=0)
 
+# tryfirst: xdist's worker names each test's group from these marks in a hook of its own, registered
+# after this file and so called before it; marks added after that were ignored, every test was its own
+# group, and each worker built the module fixtures (two full renders each) for itself.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Where each test may run under ``--dist loadgroup`` (make test's CPU-bound half, two workers).
 
