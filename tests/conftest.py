@@ -61,9 +61,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     A module's tests stay on one worker, as with ``--dist loadfile``, so its module-scoped
     fixtures are made once. A module whose slow fixtures only some tests share names them
-    in ``XDIST_SHARED_FIXTURES``: the tests of each such fixture stay together, and every
-    other test of the module may go to either worker (the playbook render tests, of which
-    a quarter render for themselves). Without xdist the mark does nothing.
+    in ``XDIST_SHARED_FIXTURES``: the tests that use any of them stay together (a test may
+    use two, so one group for all: each fixture is made once), and every other test of the
+    module may go to either worker (the playbook render tests, of which a quarter render for
+    themselves). Without xdist the mark does nothing.
     """
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
@@ -73,8 +74,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if shared is None:
             group = module_id
         else:
-            used = sorted(set(getattr(item, "fixturenames", ())) & set(shared))
-            group = f"{module_id}::{used[0]}" if used else item.nodeid
+            uses_shared = bool(set(getattr(item, "fixturenames", ())) & set(shared))
+            group = f"{module_id}::shared" if uses_shared else item.nodeid
         item.add_marker(pytest.mark.xdist_group(group))
 
 

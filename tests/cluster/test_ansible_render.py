@@ -30,7 +30,7 @@ import yaml
 
 from gpupool.db import normalize_url
 from gpupool.render import DOCKER_JOB_LABEL
-from tests.cluster.ansible_run import PlaybookRun, ansible_env, run_playbook, venv_tool
+from tests.cluster.ansible_run import RENDER_PLAYBOOK, PlaybookRun, ansible_env, render_env, run_playbook, venv_tool
 
 pytestmark = [
     pytest.mark.ansible,
@@ -75,16 +75,16 @@ SLURM_FILES = ("--tags", "driver,slurm")
 
 
 def render(ansible_dir: Path, out: Path, *extra: str) -> PlaybookRun:
-    return run_playbook(ansible_dir, "example", "tests/render.yml", *render_arguments(ansible_dir, out, *extra))
+    return run_playbook(ansible_dir, "example", RENDER_PLAYBOOK, *render_arguments(ansible_dir, out, *extra))
 
 
 def render_refused(ansible_dir: Path, out: Path, *extra: str) -> str:
     """Render expecting some host to fail; returns the output."""
     completed = subprocess.run(
-        [str(venv_tool("ansible-playbook")), "-i", str(ansible_dir / "inventories" / "example"), "tests/render.yml",
+        [str(venv_tool("ansible-playbook")), "-i", str(ansible_dir / "inventories" / "example"), RENDER_PLAYBOOK,
          *render_arguments(ansible_dir, out, *extra)],
         cwd=ansible_dir,
-        env=ansible_env(ansible_dir),
+        env=render_env(ansible_dir),
         capture_output=True,
         text=True,
         timeout=600,
@@ -129,8 +129,8 @@ def summary(out: Path, host: str) -> dict[str, object]:
     return json.loads((out / f"{host}-summary.json").read_text())
 
 
-# Tests of these share one render of the example site (about a minute of both cores each); the
-# rest render what they check for themselves and may run on either xdist worker (tests/conftest.py).
+# Tests of these share their renders of the example site (two each, about 25 s of CPU each), on one
+# xdist worker; the rest render what they check for themselves and may run on either (tests/conftest.py).
 XDIST_SHARED_FIXTURES = ("rendered", "rendered_noble")
 
 @pytest.fixture(scope="module")
@@ -601,7 +601,7 @@ def test_two_api_hosts_run_the_workers_on_one_and_the_smtp_password_is_the_email
     out = tmp_path / "out"
     ansible_dir = repo_root / "deploy" / "ansible"
     # The api role's tasks alone: the rest of the site is the module's example render's to show.
-    run_playbook(ansible_dir, str(inventory), "tests/render.yml", *render_arguments(ansible_dir, out, "--tags", "api"))
+    run_playbook(ansible_dir, str(inventory), RENDER_PLAYBOOK, *render_arguments(ansible_dir, out, "--tags", "api"))
     # Exactly one webhook sender, idle check and email sender: the first API host's.
     assert summary(out, "ctl1")["runs"] == {"webhooks": True, "idle_check": True, "email": True}
     assert summary(out, "gpu01")["runs"] == {"webhooks": False, "idle_check": False, "email": False}
@@ -619,7 +619,7 @@ def test_two_api_hosts_run_the_workers_on_one_and_the_smtp_password_is_the_email
     assert holders == [password]
     # Moved to the other API host: it runs them, the first stops its own.
     moved = tmp_path / "moved"
-    run_playbook(ansible_dir, str(inventory), "tests/render.yml",
+    run_playbook(ansible_dir, str(inventory), RENDER_PLAYBOOK,
                  *render_arguments(ansible_dir, moved, "--tags", "api", "-e", "gpupool_api_cluster_workers_host=gpu01"))
     assert summary(moved, "ctl1")["runs"] == {"webhooks": False, "idle_check": False, "email": False}
     assert summary(moved, "gpu01")["runs"] == {"webhooks": True, "idle_check": True, "email": True}
@@ -645,7 +645,7 @@ def test_the_operator_is_told_by_email_and_webhook_set_in_group_vars_and_the_sec
         )
     out = tmp_path / "out"
     ansible_dir = repo_root / "deploy" / "ansible"
-    run_playbook(ansible_dir, str(inventory), "tests/render.yml", *render_arguments(ansible_dir, out, "--tags", "api"))
+    run_playbook(ansible_dir, str(inventory), RENDER_PLAYBOOK, *render_arguments(ansible_dir, out, "--tags", "api"))
     environment = dict(line.split("=", 1) for line in config_lines((out / "ctl1" / "etc/gpupool/gpupool.env").read_text()))
     # Every unit's settings: billing enqueues the drain's email and node.drained, the senders send them.
     assert environment["GPUPOOL_OPERATOR_EMAIL"] == '"ops@example.com"'
@@ -1469,7 +1469,7 @@ def test_prometheus_scrapes_the_address_the_exporters_listen_on(repo_root: Path,
         host_vars.write("# Its ansible_host is public; metrics stay on the private network.\nmonitoring_listen_address: 192.168.50.21\n")
     out = tmp_path / "out"
     ansible_dir = repo_root / "deploy" / "ansible"
-    run_playbook(ansible_dir, str(inventory), "tests/render.yml", *render_arguments(ansible_dir, out, "--tags", "monitoring"))
+    run_playbook(ansible_dir, str(inventory), RENDER_PLAYBOOK, *render_arguments(ansible_dir, out, "--tags", "monitoring"))
     exporter = unit_settings((out / "gpu01" / "etc/systemd/system/gpu-exporter.service").read_text())["Service"]["ExecStart"]
     assert exporter[0].endswith("--web.listen-address=192.168.50.21:9400")
     config = yaml.safe_load((out / "ctl1" / "etc/prometheus/prometheus.yml").read_text())
