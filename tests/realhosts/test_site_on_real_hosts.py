@@ -97,6 +97,8 @@ def test_first_run_converges_on_every_host_without_reboots(cluster: Cluster, fir
     assert all(first_run.recap[host]["changed"] > 0 for host in cluster.servers), first_run.recap
 
 
+@pytest.mark.skipif(HA, reason="with REALHOSTS_HA=1 the several-hosts module's last case runs the playbook twice over "
+                               "every host and checks that the second changes nothing (one playbook run fewer)")
 def test_second_run_changes_nothing(cluster: Cluster, first_run: PlaybookRun) -> None:
     converged(first_run, list(cluster.servers))
     second = cluster.playbook(label="second")

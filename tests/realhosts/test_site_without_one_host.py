@@ -98,8 +98,9 @@ def submit_loop(token: str, tally: Tally, until: Callable[[], bool], interval_s:
 
 
 def slurm_jobs_of_tenant(head: Server, since: str) -> list[str]:
-    out = head.out(f"sacct -X -n -P -u {TENANT} -S {since} -o JobID")
-    return [line for line in out.splitlines() if line]
+    """The tenant's jobs submitted since ``since`` (sacct -S also lists an earlier case's jobs still queued then)."""
+    out = head.out(f"sacct -X -n -P -u {TENANT} -S {since} -o JobID,Submit")
+    return [job for job, _, submitted in (line.partition("|") for line in out.splitlines() if line) if submitted >= since]
 
 
 def count(head: Server, token: str, tally: Tally, since: str) -> dict[str, int]:
