@@ -99,7 +99,7 @@ test-realhosts: venv-test
 # head node, PostgreSQL under Patroni with etcd, HAProxy, Slurm's backup controller),
 # then tests/realhosts/test_site_without_one_host.py on the same boot: a host's API,
 # the database leader and the primary slurmctld taken away under a submitting client.
-# About twice the tier's time: not in .ci/run yet (docs/testing.md).
+# .ci/run runs this shape (it covers the three-host tier's tests too); about 28 minutes alone.
 test-realhosts-ha:
 	REALHOSTS_HA=1 $(MAKE) test-realhosts
 
