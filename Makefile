@@ -99,8 +99,7 @@ test-realhosts: venv-test
 # head node, PostgreSQL under Patroni with etcd, HAProxy, Slurm's backup controller),
 # then tests/realhosts/test_site_without_one_host.py on the same boot: a host's API,
 # the database leader and the primary slurmctld taken away under a submitting client.
-# About 26 minutes alone, 27 beside make test in .ci/run, where 2 of its 16 tests failed under
-# load (stop 41): not in .ci/run until it passes there (docs/testing.md).
+# About 26 minutes alone; .ci/run runs it beside make test in place of test-realhosts.
 test-realhosts-ha:
 	REALHOSTS_HA=1 $(MAKE) test-realhosts
 

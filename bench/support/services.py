@@ -85,6 +85,16 @@ def run_seconds(slurm_job_id: int, *, run: SlurmCommand = slurm_cmd) -> int:
     return parse_elapsed(words.get("RunTime", "00:00:00"))
 
 
+def start_requeued_now(slurm_job_id: int, *, run: SlurmCommand = slurm_cmd, timeout_s: float = 60) -> None:
+    """Wait for a requeued job to pend again, then bring its begin time forward, as an operator may.
+
+    Slurm holds a requeued job back (BeginTime about two minutes on); the tests that requeue need not wait it out.
+    """
+    wait_for(lambda: "JobState=PENDING" in run("scontrol", "--oneliner", "show", "job", str(slurm_job_id)),
+             timeout_s=timeout_s, interval_s=0.2, what=f"requeued job {slurm_job_id} to pend")
+    run("scontrol", "update", f"jobid={slurm_job_id}", "starttime=now")
+
+
 @contextmanager
 def throwaway_slurm_account(
     slurm: SlurmClient, prefix: str, gpu_limit: int = 4, *, run: SlurmCommand = slurm_cmd, drain_timeout_s: float = 60,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import json
 import os
 import pwd
@@ -21,13 +22,17 @@ import shutil
 import socket
 import stat
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy
 import yaml
 
+from bench.support.http import free_port
+from bench.support.services import wait_for
 from gpupool.db import normalize_url
 from gpupool.render import DOCKER_JOB_LABEL
 from tests.cluster.ansible_run import RENDER_PLAYBOOK, PlaybookRun, ansible_env, render_env, run_playbook, venv_tool
@@ -72,6 +77,7 @@ def render_arguments(ansible_dir: Path, out: Path, *extra: str) -> list[str]:
 # driver decisions they depend on, in a quarter of a full render's time: a test that
 # checks only these renders only these (tests/render.yml's tags).
 SLURM_FILES = ("--tags", "driver,slurm")
+NGINX = Path("/usr/sbin/nginx")
 
 
 def render(ansible_dir: Path, out: Path, *extra: str) -> PlaybookRun:
@@ -1192,6 +1198,71 @@ def test_tls_port_80_answers_certbots_challenge(rendered: Rendered) -> None:
     assert re.search(r"location /\.well-known/acme-challenge/ \{\s*root " + re.escape(str(webroot)) + ";", site)
     assert "return 301 https://$host$request_uri;" in site
     assert webroot.is_dir()
+
+
+def test_the_api_site_answers_503_json_while_gunicorn_is_down_and_passes_the_apis_own_answers(
+    rendered: Rendered, tmp_path: Path,
+) -> None:
+    """nginx as rendered (only its ports and its certificate made here), in front of no gunicorn, then one."""
+    if not NGINX.exists():
+        pytest.fail("nginx is missing: make venv-test installs nginx-light")
+    site = rendered.text("ctl1", "etc/nginx/sites-available/gpupool")
+    https, plain, upstream = free_port(), free_port(), free_port()
+    site = re.sub(r"^\s*listen \[::\].*$", "", site, flags=re.MULTILINE)
+    site = site.replace("listen 443 ssl http2;", f"listen 127.0.0.1:{https} ssl http2;").replace("listen 80;", f"listen 127.0.0.1:{plain};")
+    site = re.sub(r"(upstream gpupool_api \{\s*server )[^;]+;", rf"\g<1>127.0.0.1:{upstream};", site)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=gpupool.example.com",
+                    "-keyout", str(tmp_path / "site.key"), "-out", str(tmp_path / "site.crt")],
+                   capture_output=True, timeout=60, check=True)
+    site = re.sub(r"ssl_certificate [^;]+;", f"ssl_certificate {tmp_path}/site.crt;", site)
+    site = re.sub(r"ssl_certificate_key [^;]+;", f"ssl_certificate_key {tmp_path}/site.key;", site)
+    (tmp_path / "site.conf").write_text(site)
+    (tmp_path / "nginx.conf").write_text(
+        f"user root;\ndaemon off;\npid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/error.log;\nevents {{}}\n"
+        f"http {{\n    access_log off;\n    include {tmp_path}/site.conf;\n}}\n"
+    )
+    nginx = subprocess.Popen([str(NGINX), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], stderr=subprocess.PIPE)
+    try:
+        def get() -> httpx.Response | None:
+            try:
+                return httpx.get(f"https://127.0.0.1:{https}/jobs", headers={"Host": "gpupool.example.com"}, verify=False, timeout=5)
+            except httpx.TransportError:
+                assert nginx.poll() is None, nginx.stderr.read() if nginx.stderr else ""
+                return None
+
+        down = wait_for(get, timeout_s=20, interval_s=0.2, what="nginx to answer")
+        assert down is not None
+        # What a client sees from a host whose gunicorn was killed: the API's error shape, to retry.
+        assert down.status_code == 503, down.text
+        assert down.headers["content-type"] == "application/json" and down.headers["retry-after"] == "5"
+        assert down.json()["error"] == "api_unavailable" and "Idempotency-Key" in down.json()["message"]
+        assert down.headers["strict-transport-security"] == "max-age=31536000"
+        # The API's own 503 (its database away, say) reaches the client as the API wrote it.
+        own = b'{"error": "database_unavailable", "message": "the database did not answer"}'
+
+        class Api(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Retry-After", "2")
+                self.send_header("Content-Length", str(len(own)))
+                self.end_headers()
+                self.wfile.write(own)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        with http.server.HTTPServer(("127.0.0.1", upstream), Api) as api:
+            threading.Thread(target=api.serve_forever, daemon=True).start()
+            try:
+                answered = get()
+            finally:
+                api.shutdown()
+        assert answered is not None and answered.status_code == 503 and answered.content == own
+        assert answered.headers["retry-after"] == "2"
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=10)
 
 
 def test_tls_http_fallback_listens_on_the_private_address_only(repo_root: Path, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from bench.support.services import (
     add_account_row,
     cancel_account_jobs,
     slurm_cmd,
+    start_requeued_now,
     throwaway_slurm_account,
 )
 from bench.support.tenancy import sbatch_as_tenant
@@ -133,9 +134,7 @@ def test_a_full_price_job_preempts_a_spot_job_which_runs_again_and_each_run_is_b
     assert preempted["run_count"] == 1 and preempted["ended_at"] is None
     # Slurm holds a requeued job back for about two minutes (its BeginTime); this test is about the tiers, not that
     # wait: bring the begin time forward, as an operator may. It still waits for B, which holds every GPU.
-    wait_for(lambda: "JobState=PENDING" in slurm_cmd("scontrol", "--oneliner", "show", "job", str(job_a["slurm_job_id"])),
-             timeout_s=60, interval_s=0.2, what="A's preempted job to pend")
-    slurm_cmd("scontrol", "update", f"jobid={job_a['slurm_job_id']}", "starttime=now")
+    start_requeued_now(job_a["slurm_job_id"])
     wait_for(
         lambda: client.get(f"/jobs/{job_b['job_id']}", headers=auth_b).get_json()["state"] == "COMPLETED",
         timeout_s=180, what="B's full-price job to complete",

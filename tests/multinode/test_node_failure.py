@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from api import create_app
-from bench.support.services import run_seconds
+from bench.support.services import run_seconds, start_requeued_now
 from gpupool.clock import FrozenClock
 from gpupool.config import Settings
 from gpupool.models import Account
@@ -192,9 +192,7 @@ def test_a_job_that_asked_for_requeue_leaves_a_failed_gpu_completes_on_the_other
                             == "REQUEUED" and runs, timeout_s=60, what="the failed run to be requeued")
         assert requeued[0]["NodeList"] == failing and requeued[0]["AdminComment"].startswith("gpu_failure: ")
         # A requeued job waits out a begin delay; shorten it (as an operator may).
-        wait_for(lambda: "JobState=PENDING" in mn_cmd("scontrol", "--oneliner", "show", "job", str(job["slurm_job_id"])),
-                 timeout_s=60, what="the requeued job to pend")
-        mn_cmd("scontrol", "update", f"jobid={job['slurm_job_id']}", "starttime=now")
+        start_requeued_now(job["slurm_job_id"], run=mn_cmd)
         done = wait_for_state(client, job["job_id"], headers, {"COMPLETED", "FAILED", "CANCELLED"}, timeout_s=180)
         assert done["state"] == "COMPLETED" and done["node"] == healthy, done
         runs = wait_for(lambda: len(found := sacct_runs(job["slurm_job_id"])) == 2 and found[1]["End"] != "Unknown" and found,
