@@ -121,6 +121,12 @@ def drain_failures(drains: Iterable[tuple[str, str, dt.datetime]]) -> list[GpuFa
     return failures
 
 
+def earliest_matching_drain(runs: Iterable[JobRun]) -> dt.datetime | None:
+    """The earliest drain ``failed_before_the_check`` could tie to one of ``runs``; None when none could be."""
+    ends = [run.end for run in runs if run.state == "FAILED" and run.end is not None and run.nodes]
+    return min(ends) - _CLOCK_SLACK if ends else None
+
+
 def failed_before_the_check(run: JobRun, drains: Sequence[GpuFailure], interval: dt.timedelta) -> GpuFailure | None:
     """The drain a run that failed on its own most likely died of: on one of its nodes, within one interval after it ended."""
     if run.state != "FAILED" or run.end is None or not run.gpus:

@@ -28,7 +28,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from billing.alerts import fire_alerts
 from billing.archive import Archiver, read_text
-from billing.credits import automatic_credits, credit_runs, drain_failures, gpu_failure_candidates
+from billing.credits import (
+    automatic_credits,
+    credit_runs,
+    drain_failures,
+    earliest_matching_drain,
+    gpu_failure_candidates,
+)
 from billing.gpu_failures import announce
 from billing.ledger_writer import JobIdLookup, write_ledger_rows
 from billing.meter import Billed, RunKey, billed_by_run, meter_rows
@@ -287,13 +293,13 @@ def bill_sacct_output(
 
 
 def _recent_gpu_drains(session: Session, runs: Sequence[JobRun]) -> list[GpuFailure]:
-    """The recorded drains for a failed GPU since the earliest failed run among ``runs`` ended."""
-    ends = [run.end for run in runs if run.state == "FAILED" and run.end is not None and run.nodes]
-    if not ends:
+    """The recorded drains for a failed GPU that a failed run among ``runs`` may have died of."""
+    since = earliest_matching_drain(runs)
+    if since is None:
         return []
     rows = session.execute(
         select(NodeHealthEvent.node, NodeHealthEvent.reason, NodeHealthEvent.drained_at)
-        .where(NodeHealthEvent.drained_at >= min(ends) - dt.timedelta(minutes=5))
+        .where(NodeHealthEvent.drained_at >= since)
         .order_by(NodeHealthEvent.drained_at)
     ).all()
     return drain_failures((node, reason, drained_at) for node, reason, drained_at in rows)
