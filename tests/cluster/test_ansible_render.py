@@ -432,6 +432,7 @@ def test_the_accounts_volumes_are_mounted_at_boot_and_their_files_stream_through
         assert directive in files
     environment = rendered.text("ctl1", "etc/gpupool/gpupool.env")
     assert 'GPUPOOL_STORAGE_ROOT="/srv/gpupool/data"' in environment and 'GPUPOOL_STORAGE_DEFAULT_QUOTA="10G"' in environment
+    assert 'GPUPOOL_DATABASE_PRE_PING="false"' in environment  # one database host: no failover to ping for
 
 
 def test_api_needs_the_runas_helper_and_can_gain_no_privileges(rendered: Rendered) -> None:
@@ -1489,6 +1490,8 @@ def test_two_database_hosts_give_one_database_for_every_api_host_a_backup_contro
         assert (credentials / "billing" / "billing_database_url").read_text().endswith(f"@/gpupool?{hosts_query}")
         operator = dict(line.split("=", 1) for line in config_lines((out / host / "etc/gpupool/operator.env").read_text()))
         assert operator["GPUPOOL_DATABASE_URL"].strip('"').endswith(f"@/gpupool?{hosts_query}")
+        # A failover costs no request a 503: each worker pings its pooled connection first.
+        assert 'GPUPOOL_DATABASE_PRE_PING="true"' in config_lines((out / host / "etc/gpupool/gpupool.env").read_text())
     # psycopg2 gets one comma-separated host list from it, as libpq wants.
     url = sqlalchemy.make_url(normalize_url((out / "ctl1" / "etc/gpupool/credentials/api/database_url").read_text()))
     _, connect = url.get_dialect()().create_connect_args(url)
