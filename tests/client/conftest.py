@@ -145,7 +145,12 @@ class DroppingProxy:
             threading.Thread(target=self._serve, args=(downstream,), daemon=True).start()
 
     def _serve(self, downstream: socket.socket) -> None:
-        upstream = socket.create_connection(self._upstream)
+        try:
+            upstream = socket.create_connection(self._upstream)
+        except OSError:
+            # The server has gone (its test is over, a client still retrying): close, as a proxy would.
+            downstream.close()
+            return
         drop_answer = threading.Event()
 
         def close_both() -> None:
