@@ -60,6 +60,17 @@ def lb_curl(token: str, method: str, path: str, body: dict[str, Any] | None = No
     return code, text
 
 
+def lb_curl_as_a_client(token: str, method: str, path: str, body: dict[str, Any] | None = None, *,
+                        pause_s: float = 2) -> tuple[int, str]:
+    """``lb_curl``, asked again (five tries in all) while the answer is one a client retries (TRANSIENT)."""
+    for _ in range(5):
+        code, text = lb_curl(token, method, path, body)
+        if code not in TRANSIENT:
+            break
+        time.sleep(pause_s)
+    return code, text
+
+
 @dataclass
 class Tally:
     """What one client loop saw, and what Slurm and the database hold for it."""
@@ -127,11 +138,7 @@ def count(head: Server, token: str, tally: Tally, since: str) -> dict[str, int]:
     in_ledger = 0
     for job in tally.created:
         # A pooled connection to a database host that went away fails one request (503): ask again.
-        for _ in range(5):
-            code, text = lb_curl(token, "GET", f"/jobs/{job['job_id']}")
-            if code not in TRANSIENT:
-                break
-            time.sleep(2)
+        code, text = lb_curl_as_a_client(token, "GET", f"/jobs/{job['job_id']}")
         found = code == 200 and str(json.loads(text)["slurm_job_id"]) == str(job["slurm_job_id"])
         in_ledger += found
         if not found:
@@ -292,11 +299,8 @@ def test_the_backup_slurmctld_takes_over_and_a_running_job_finishes(cluster: Clu
     head, head2 = cluster.servers["head"], cluster.servers["head2"]
     # Right after case (b)'s failover an API worker may still hold a connection to the old leader: one 503 with
     # Retry-After, as designed (the pool then empties); ask again, as a client does.
-    for _ in range(5):
-        code, text = lb_curl(token, "POST", "/submit", {"template": "hello", "gpus": 1, "params": {"seconds": 90}})
-        if code not in TRANSIENT:
-            break
-        time.sleep(5)
+    code, text = lb_curl_as_a_client(token, "POST", "/submit", {"template": "hello", "gpus": 1, "params": {"seconds": 90}},
+                                     pause_s=5)
     assert code == 201, text
     running_job = json.loads(text)
     wait_for(lambda: head.out(f"sacct -X -n -P -j {running_job['slurm_job_id']} -o State") == "RUNNING",
