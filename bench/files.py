@@ -59,7 +59,7 @@ import jinja2
 from bench._harness import REPO, bench_env, gunicorn, table
 from bench._profile import parent_of, pids_with_argument
 from bench.support.http import free_port, http, read_head
-from bench.support.processes import answers, children, cpu_s, process, wait_until
+from bench.support.processes import NGINX, answers, children, cpu_s, process, wait_until
 from bench.support.storage import account_volumes, storage_root_for_tests
 from bench.support.tenancy import TENANT_PREFIX
 from gpupool.config import load_settings
@@ -67,7 +67,6 @@ from gpupool.proc import run_command
 from gpupool.storage.paths import account_storage_dir
 from gpupool.storage.sizes import format_size, parse_size
 
-NGINX = "/usr/sbin/nginx"
 SITE_TEMPLATE = REPO / "deploy/ansible/roles/gpupool_api/templates/nginx-site.conf.j2"
 THREADS = 4  # gpupool_api_threads
 CHUNK = 1 << 20

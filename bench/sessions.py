@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.support.http import free_port, read_head
-from bench.support.processes import answers, children, cpu_s, process, wait_until
+from bench.support.processes import NGINX, answers, children, cpu_s, process, wait_until
 from gpupool import db
 from gpupool.config import load_settings
 from gpupool.models import Account, Job, JobSession
@@ -57,7 +57,6 @@ from gpupool.tokens import Principal, issue_token
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-NGINX = "/usr/sbin/nginx"
 PYTHON = "/usr/bin/python3"  # a job's Python: the system's, not the bench's virtualenv
 # Unprivileged, as a session's tenant and nginx's workers are.
 USER = "nobody"

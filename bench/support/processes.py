@@ -12,6 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+# Debian's nginx, which the benches and tests run as a stand-in front end (make venv-test installs nginx-light).
+NGINX = "/usr/sbin/nginx"
+
 
 @contextmanager
 def process(argv: list[str], **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:

@@ -32,6 +32,7 @@ import sqlalchemy
 import yaml
 
 from bench.support.http import free_port
+from bench.support.processes import NGINX
 from bench.support.services import wait_for
 from gpupool.db import normalize_url
 from gpupool.render import DOCKER_JOB_LABEL
@@ -77,7 +78,6 @@ def render_arguments(ansible_dir: Path, out: Path, *extra: str) -> list[str]:
 # driver decisions they depend on, in a quarter of a full render's time: a test that
 # checks only these renders only these (tests/render.yml's tags).
 SLURM_FILES = ("--tags", "driver,slurm")
-NGINX = Path("/usr/sbin/nginx")
 
 
 def render(ansible_dir: Path, out: Path, *extra: str) -> PlaybookRun:
@@ -1205,7 +1205,7 @@ def test_the_api_site_answers_503_json_while_gunicorn_is_down_and_passes_the_api
     rendered: Rendered, tmp_path: Path,
 ) -> None:
     """nginx as rendered (only its ports and its certificate made here), in front of no gunicorn, then one."""
-    if not NGINX.exists():
+    if not Path(NGINX).exists():
         pytest.fail("nginx is missing: make venv-test installs nginx-light")
     site = rendered.text("ctl1", "etc/nginx/sites-available/gpupool")
     https, plain, upstream = free_port(), free_port(), free_port()
@@ -1222,7 +1222,7 @@ def test_the_api_site_answers_503_json_while_gunicorn_is_down_and_passes_the_api
         f"user root;\ndaemon off;\npid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/error.log;\nevents {{}}\n"
         f"http {{\n    access_log off;\n    include {tmp_path}/site.conf;\n}}\n"
     )
-    nginx = subprocess.Popen([str(NGINX), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], stderr=subprocess.PIPE)
+    nginx = subprocess.Popen([NGINX, "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], stderr=subprocess.PIPE)
     try:
         def get() -> httpx.Response | None:
             try:

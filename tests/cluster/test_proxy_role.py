@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.support.processes import NGINX
 from gpupool.proxy import JS, ProxyConfig, standalone_nginx_conf
 from tests.cluster.ansible_run import RECAP_LINE, ansible_env, venv_tool
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
-NGINX = Path("/usr/sbin/nginx")
 KEY = "role-test-key-" + "r" * 30
 
 PLAYBOOK = """---
@@ -90,11 +90,11 @@ def test_the_role_renders_a_config_nginx_accepts_and_converges(tmp_path: Path) -
     assert conf.read_text() in whole
     second, output = run(playbook)
     assert second == 0, output
-    if not NGINX.exists():
+    if not Path(NGINX).exists():
         pytest.fail("nginx is missing: make venv-test installs nginx-light")
     (tmp_path / "nginx.conf").write_text(whole)
     checked = subprocess.run(
-        [str(NGINX), "-t", "-p", str(tmp_path / "state"), "-c", str(tmp_path / "nginx.conf")],
+        [NGINX, "-t", "-p", str(tmp_path / "state"), "-c", str(tmp_path / "nginx.conf")],
         capture_output=True, text=True, timeout=30, check=False,
     )
     assert checked.returncode == 0, checked.stderr

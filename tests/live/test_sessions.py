@@ -37,6 +37,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy import text
 
 from bench.support.http import as_service_user_argv, free_port
+from bench.support.processes import NGINX
 from bench.support.services import TENANT_PREFIX, cancel_account_jobs, slurm_cmd
 from bench.support.tenancy import ensure_service_user
 from gpupool import db
@@ -53,7 +54,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 # Headless Chromium, from the browser tests next door.
 browser = test_browser.browser
 
-NGINX = Path("/usr/sbin/nginx")
 PROXY_KEY = "proxy-key-" + "p" * 40
 GPUPOOL = Path(sys.executable).parent / "gpupool"
 GPUPOOL_CLIENT = Path(sys.executable).parent / "gpupool-client"
@@ -261,7 +261,7 @@ def session_templates_dir() -> str | None:
 
 def start_proxy(server: Server, **limits: int) -> Proxy:
     """nginx with the role's config for this server, as the unprivileged service user, on a port of its own."""
-    if not NGINX.exists():
+    if not Path(NGINX).exists():
         pytest.fail("nginx is missing: `make venv-test` installs nginx-light (deploy/local/bootstrap-venv.sh)")
     port = int(server.env["GPUPOOL_SESSIONS_URL"].rsplit(":", 1)[1]) if not limits else free_port()
     domain = "sessions.localhost"
@@ -276,7 +276,7 @@ def start_proxy(server: Server, **limits: int) -> Proxy:
         os.chown(path, user.pw_uid, user.pw_gid)
     # nginx as the unprivileged service user, as nothing but a port above 1024 needs root.
     process = subprocess.Popen(
-        [*as_service_user_argv(), str(NGINX), "-p", str(state_dir), "-c", str(state_dir / "nginx.conf")],
+        [*as_service_user_argv(), NGINX, "-p", str(state_dir), "-c", str(state_dir / "nginx.conf")],
         stdout=subprocess.DEVNULL, stderr=open(state_dir / "stderr.log", "wb"), start_new_session=True,
     )
     proxy = Proxy(port, domain, process, state_dir)
